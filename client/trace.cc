@@ -52,6 +52,7 @@ absl::Status TraceState::type_new_nodes() {
     absl::StatusOr<TypeSpec> spec = result_type_spec(call);
     if (!spec.ok()) return spec.status();
     specs.push_back(without_auto_axes(*std::move(spec)));
+    if (!auto_axes.empty()) typed_auto_axes[id] = auto_axes;
     if (!u->empty()) unreduced[id] = *std::move(u);
     if (!r->empty()) reduced[id] = *std::move(r);
   }

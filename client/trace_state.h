@@ -131,6 +131,10 @@ struct TraceState : std::enable_shared_from_this<TraceState> {
   const std::vector<std::string>& reduced_of(int id) const;
   // Inside auto_axes: the Explicit mesh axes treated as Auto there (left out of the types).
   std::vector<std::string> auto_axes;
+  // The auto_axes each node was typed with, by id, for the nodes typed with some (the graph
+  // does not record auto_axes scopes): vmap batches such a node with them again (client/vmap.cc),
+  // as JAX's BatchTrace binds the batched op inside auto_axes' use_abstract_mesh.
+  std::map<int, std::vector<std::string>> typed_auto_axes;
   // `spec` without the axes of auto_axes.
   TypeSpec without_auto_axes(TypeSpec spec) const;
   // While vmap traces its function over arguments whose mapped dimension is split over Explicit

@@ -64,11 +64,20 @@ Value broadcast_batch(const Value& x, int64_t size, const Axes& axes) {
   std::vector<int64_t> dims;
   for (size_t d = 0; d < example.size(); ++d) dims.push_back(static_cast<int64_t>(d) + 1);
   auto broadcast = [&] { return broadcast_in_dim(x, shape, dims); };
-  const std::optional<TypedOperand> typed = axes.empty() ? std::nullopt : typed_operand(x);
+  // Inside auto_axes (a node batched in the scope it was recorded in) the axes made Auto there
+  // show in no type: the new dimension is split over the others only.
+  Axes split;
+  const TraceState* t = x.ok() ? TraceState::of(x) : nullptr;
+  for (const std::string& a : axes) {
+    if (t == nullptr || std::find(t->auto_axes.begin(), t->auto_axes.end(), a) == t->auto_axes.end()) {
+      split.push_back(a);
+    }
+  }
+  const std::optional<TypedOperand> typed = split.empty() ? std::nullopt : typed_operand(x);
   if (!typed.has_value()) return broadcast();
-  // The new dimension split over `axes`, the others as x's type: broadcast_in_dim with that
+  // The new dimension split over `split`, the others as x's type: broadcast_in_dim with that
   // out_sharding.
-  TypeSpec spec = {axes};
+  TypeSpec spec = {split};
   spec.insert(spec.end(), typed->spec.begin(), typed->spec.end());
   return with_out_sharding("broadcast_in_dim", x, to_partition_spec(spec), broadcast);
 }
@@ -159,11 +168,25 @@ absl::Status batch_nodes(TraceState* t, int start, int end, const BatchLayout& l
       return absl::InvalidArgumentError(
           absl::StrCat(op_name(n.op), " of a mapped value has no batching rule (node %", id, ")"));
     }
+    // A node f recorded inside auto_axes (take's out_sharding, a gather's transpose) is batched
+    // inside them again, as JAX binds the batched op under auto_axes' mesh: its batched nodes are
+    // typed with those axes Auto (so a gather's Explicit rule does not see the batch's split);
+    // the reshard after it (outside) puts the batch's axes back in front of its spec.
+    const auto scope = t->typed_auto_axes.find(id);
+    std::vector<std::string> outer = scope == t->typed_auto_axes.end() ? std::vector<std::string>() : scope->second;
+    const bool rescoped = t->explicit_mesh.has_value() && outer != t->auto_axes;
+    if (rescoped) {
+      TESSERA_RETURN_IF_ERROR(t->type_new_nodes());  // the nodes made so far, in the scope they were made in
+      std::swap(outer, t->auto_axes);
+    }
     const bool in_out_sharding = !pinned.empty() && pinned[id];
     if (in_out_sharding) ++t->out_sharding_scopes;
     absl::StatusOr<Value> v = rule(BatchArgs{n, x, is_batched, *node_size, t, id, &batched, layout});
+    const absl::Status typed = rescoped ? t->type_new_nodes() : absl::OkStatus();
     if (in_out_sharding) --t->out_sharding_scopes;
+    if (rescoped) t->auto_axes = std::move(outer);
     if (!t->error.ok()) return t->error;
+    TESSERA_RETURN_IF_ERROR(typed);
     if (!v.ok()) return v.status();
     batched.emplace(id, *std::move(v));
   }

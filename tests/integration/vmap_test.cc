@@ -16,6 +16,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -1236,6 +1237,29 @@ TEST_F(VmapTest, GatherWithBatchDimsFromASharedOperandCopiesNothingPerExample) {
   }
 }
 
+// A one-axis take in clip mode of rows `ids` (examples x queries) from x (rows x width, 0, 1,
+// 2, ...), and the host loop's result and gradient: out[v, q, d] = x[clamp(ids[v, q]), d]
+// (jnp.take(mode='clip') clamps, wrapping no negative); d/dx sum(out * w) adds w[v, q, d] into
+// that row.
+struct TakeRows {
+  HostArray x, ids, w;
+  std::vector<double> want, want_grad;
+};
+TakeRows clip_take_case(int64_t examples, int64_t rows, int64_t width, int64_t queries) {
+  TakeRows c{
+      arange({rows, width}), HostArray(DType::kI32, {examples, queries}), arange({examples, queries, width}), {}, {}};
+  for (int64_t i = 0; i < c.ids.size(); ++i) c.ids.mutable_values<int32_t>()[i] = static_cast<int32_t>((i * 5) % 8 - 1);
+  c.want_grad.assign(rows * width, 0.0);
+  for (int64_t vq = 0; vq < examples * queries; ++vq) {
+    const int64_t t = std::clamp<int64_t>(c.ids.values<int32_t>()[vq], 0, rows - 1);
+    for (int64_t d = 0; d < width; ++d) {
+      c.want.push_back(c.x.values<float>()[t * width + d]);
+      c.want_grad[t * width + d] += c.w.values<float>()[vq * width + d];
+    }
+  }
+  return c;
+}
+
 // A one-axis take (batch_dims 0) from an x shared by every example, vmapped with the examples
 // split over an Explicit axis, is refused as JAX refuses it. JAX's _gather_batching_rule with an
 // unbatched operand and batched indices (jax/_src/lax/slicing.py) makes vmap's batch a dimension
@@ -1249,21 +1273,9 @@ TEST_F(VmapTest, GatherWithBatchDimsFromASharedOperandCopiesNothingPerExample) {
 // dimensions of its own broadcasts x along a split batch instead (client/batching/indexing.cc, a
 // deliberate difference: see GatherWithBatchDimsFromASharedOperandCopiesNothingPerExample).
 TEST_F(VmapTest, OneAxisTakeFromASharedOperandOnAnExplicitSplitBatchIsRefusedAsJax) {
-  constexpr int64_t kV = 8, kT = 6, kD = 3, kQ = 3;
   const Mesh xy = mesh_2x2();
-  const HostArray x = arange({kT, kD});
-  HostArray ids(DType::kI32, {kV, kQ});
-  for (int64_t i = 0; i < ids.size(); ++i) ids.mutable_values<int32_t>()[i] = static_cast<int32_t>((i * 5) % 8 - 1);
-  // out[v, q, d] = x[clamp(ids[v, q]), d]; d/dx sum(out * w) adds w[v, q, d] into that row.
-  const HostArray w = arange({kV, kQ, kD});
-  std::vector<double> want, want_grad(kT * kD, 0.0);
-  for (int64_t vq = 0; vq < kV * kQ; ++vq) {
-    const int64_t t = std::clamp<int64_t>(ids.values<int32_t>()[vq], 0, kT - 1);
-    for (int64_t d = 0; d < kD; ++d) {
-      want.push_back(x.values<float>()[t * kD + d]);
-      want_grad[t * kD + d] += w.values<float>()[vq * kD + d];
-    }
-  }
+  const TakeRows c = clip_take_case(8, 6, 3, 3);
+  const HostArray &x = c.x, &ids = c.ids, &w = c.w;
   const TracedFunction take_rows = [](const std::vector<Value>& in) {
     return std::vector<Value>{gather(in[0], in[1], GatherAttrs{0, IndexMode::kClip, std::nullopt, 0})};
   };
@@ -1285,10 +1297,155 @@ TEST_F(VmapTest, OneAxisTakeFromASharedOperandOnAnExplicitSplitBatchIsRefusedAsJ
   // The examples whole: the same functions run.
   absl::StatusOr<std::vector<Array>> out = jit(batched)({xa, whole});
   ASSERT_TRUE(out.ok()) << out.status();
-  expect_near(fetch((*out)[0]), want);
+  expect_near(fetch((*out)[0]), c.want);
   out = jit(grad(loss))({xa, whole, put_on(xy, w, P())});
   ASSERT_TRUE(out.ok()) << out.status();
-  expect_near(fetch((*out)[0]), want_grad);
+  expect_near(fetch((*out)[0]), c.want_grad);
+}
+
+// The same take with out_sharding (the fix JAX's refusal above names) runs as JAX runs it:
+// jax/_src/numpy/indexing.py's rewriting_take gathers under auto_axes over every Explicit axis
+// (so _gather_sharding_rule never sees the split indices), then reshards to out_sharding, whose
+// batching rule (jax/_src/pjit.py _reshard_batcher -> batching.get_sharding_for_vmap) puts the
+// vmapped Explicit axis on the batch dimension in front of out_sharding's spec: P(None, None)
+// gives P(batch, None, None). On (4, 2), (2, 4) and (8) meshes with the examples split over each
+// axis in turn, out_sharding P(None, None) and, on two axes, P(None, other) with x split over the
+// other axis too; values and the gradient of sum(vmap(take) * w) with respect to the shared x (a
+// scatter of w back, laid out as x) against the host loop.
+TEST_F(VmapTest, OneAxisTakeWithOutShardingFromASharedOperandOnAnExplicitSplitBatch) {
+  constexpr int64_t kV = 8, kD = 4, kQ = 3;
+  const TakeRows rows = clip_take_case(kV, 6, kD, kQ);
+  const HostArray &x = rows.x, &ids = rows.ids, &w = rows.w;
+  struct Case {
+    std::vector<int64_t> shape;
+    std::vector<std::string> names;
+    std::string batch;  // the axis the examples are split over
+    std::string other;  // the mesh's other axis ("" for one axis)
+  };
+  const Case cases[] = {
+      {{4, 2}, {"data", "model"}, "data", "model"},
+      {{4, 2}, {"data", "model"}, "model", "data"},
+      {{2, 4}, {"data", "model"}, "data", "model"},
+      {{2, 4}, {"data", "model"}, "model", "data"},
+      {{8}, {"data"}, "data", ""},
+  };
+  for (const Case& c : cases) {
+    absl::StatusOr<Mesh> mesh = client_->make_mesh(c.shape, c.names);
+    ASSERT_TRUE(mesh.ok()) << mesh.status();
+    for (const bool split_d : {false, true}) {
+      if (split_d && c.other.empty()) continue;
+      SCOPED_TRACE(absl::StrCat(axes_to_string(c.names), " ", absl::StrJoin(c.shape, "x"), ", examples over ", c.batch,
+                                split_d ? ", d over " + c.other : ""));
+      const PartitionSpec out_sharding = split_d ? P(None, c.other) : P(None, None);
+      const PartitionSpec x_spec = split_d ? P(None, c.other) : P();
+      std::vector<std::string> seen;
+      const TracedFunction take_rows = [&](const std::vector<Value>& in) {
+        const Value r = take(in[0], in[1], 0, out_sharding, IndexMode::kClip);
+        seen.push_back(type_of(r).to_string());
+        return std::vector<Value>{r};
+      };
+      const TracedFunction batched = vmap(take_rows, {std::nullopt, 0});
+      const Array xa = put_on(*mesh, x, x_spec), ida = put_on(*mesh, ids, P(c.batch, None));
+      absl::StatusOr<std::vector<Array>> out = jit(batched)({xa, ida});
+      ASSERT_TRUE(out.ok()) << out.status();
+      const std::string d_type = split_d ? absl::StrCat(kD, "@", c.other) : absl::StrCat(kD);
+      EXPECT_THAT(seen, ElementsAre(absl::StrCat("f32[", kQ, ",", d_type, "]")));
+      EXPECT_EQ(type_of((*out)[0]).to_string(), absl::StrCat("f32[", kV, "@", c.batch, ",", kQ, ",", d_type, "]"));
+      expect_sharding((*out)[0], *mesh, split_d ? P(c.batch, None, c.other) : P(c.batch, None, None));
+      expect_near(fetch((*out)[0]), rows.want);
+      const TracedFunction loss = [batched](const std::vector<Value>& in) {
+        return std::vector<Value>{sum(batched({in[0], in[1]})[0] * in[2])};
+      };
+      out = jit(grad(loss))({xa, ida, put_on(*mesh, w, P(c.batch, None, None))});
+      ASSERT_TRUE(out.ok()) << out.status();
+      expect_sharding((*out)[0], *mesh, x_spec);
+      expect_near(fetch((*out)[0]), rows.want_grad);
+    }
+  }
+}
+
+// JAX's tests/pjit_test.py test_select_batch: vmap of a.at[b].get(out_sharding=P('y', None))
+// over a and b split P('x', 'y', None) is typed P('x', 'y', None, None) inside the jit and out
+// (the batch takes the vmapped 'x' in front of out_sharding's spec). On JAX's (2, 2) mesh and
+// on (4, 2) (the (2, 4) and (8) meshes do not divide its (4, 2, ...) shapes over 'y' / name
+// no 'y'). JAX's arrays are ones; here a is 0, 1, 2, ... and b mixes negative indices (which
+// wrap) and positive ones, for the host loop: out[v, i, j, :] = a[v, b[v, i, j] mod 2, :].
+TEST_F(VmapTest, ExplicitSelectBatchWithOutShardingAsJax) {
+  constexpr int64_t kV = 4, kN = 2, kD = 3, kK = 2;
+  const HostArray a = arange({kV, kN, kD});
+  HostArray b(DType::kI32, {kV, kN, kK});
+  for (int64_t i = 0; i < b.size(); ++i) b.mutable_values<int32_t>()[i] = static_cast<int32_t>((i * 3) % 4 - 2);
+  std::vector<double> want;
+  for (int64_t vij = 0; vij < kV * kN * kK; ++vij) {
+    const int64_t v = vij / (kN * kK), row = (b.values<int32_t>()[vij] + kN) % kN;
+    for (int64_t d = 0; d < kD; ++d) want.push_back(a.values<float>()[(v * kN + row) * kD + d]);
+  }
+  for (const std::vector<int64_t>& shape : {std::vector<int64_t>{2, 2}, std::vector<int64_t>{4, 2}}) {
+    SCOPED_TRACE(absl::StrCat(shape[0], "x", shape[1]));
+    absl::StatusOr<Mesh> mesh = client_->make_mesh(shape, {"x", "y"});
+    ASSERT_TRUE(mesh.ok()) << mesh.status();
+    std::vector<std::string> seen;
+    const TracedFunction select = [](const std::vector<Value>& in) {
+      return std::vector<Value>{at(in[0], in[1]).get(P("y", None))};
+    };
+    const TracedFunction vmap_select = [&](const std::vector<Value>& in) {
+      const Value out = vmap(select)(in)[0];
+      seen.push_back(type_of(out).to_string());
+      return std::vector<Value>{out};
+    };
+    absl::StatusOr<std::vector<Array>> out =
+        jit(vmap_select)({put_on(*mesh, a, P("x", "y", None)), put_on(*mesh, b, P("x", "y", None))});
+    ASSERT_TRUE(out.ok()) << out.status();
+    EXPECT_THAT(seen, ElementsAre("f32[4@x,2@y,2,3]"));
+    expect_sharding((*out)[0], *mesh, P("x", "y", None, None));
+    expect_near(fetch((*out)[0]), want);
+  }
+}
+
+// JAX's tests/pjit_test.py test_vmap_grad_sharded_gather: jit(vmap(value_and_grad(
+// mean(t.at[i].get(out_sharding=P('y')))))) over tokens and ids split P('x', None): the values
+// come out P('x'), the gradients laid out as the tokens, P('x', None). On JAX's (2, 4) mesh, on
+// (4, 2), and on (8) (one axis 'x': out_sharding P(None) there, as the mesh has no 'y'). JAX's
+// ids are 0..511, past the 256 tokens of a row; here they are taken mod 256 so that every id is
+// in range (Tessera's .get clamps, JAX's fills), for the host loop: value[b] = mean over q of
+// t[b, ids[b, q]], grad[b, j] = (the number of q with ids[b, q] = j) / 16.
+TEST_F(VmapTest, ExplicitVmapOfValueAndGradOfAShardedGatherAsJax) {
+  constexpr int64_t kB = 32, kT = 256, kQ = 16;
+  const HostArray tokens = arange({kB, kT});
+  HostArray ids(DType::kI32, {kB, kQ});
+  for (int64_t i = 0; i < ids.size(); ++i) ids.mutable_values<int32_t>()[i] = static_cast<int32_t>(i % kT);
+  std::vector<double> want_value(kB, 0.0), want_grad(kB * kT, 0.0);
+  for (int64_t bq = 0; bq < kB * kQ; ++bq) {
+    const int64_t b = bq / kQ, j = ids.values<int32_t>()[bq];
+    want_value[b] += tokens.values<float>()[b * kT + j] / kQ;
+    want_grad[b * kT + j] += 1.0 / kQ;
+  }
+  struct Case {
+    std::vector<int64_t> shape;
+    std::vector<std::string> names;
+  };
+  const Case cases[] = {{{2, 4}, {"x", "y"}}, {{4, 2}, {"x", "y"}}, {{8}, {"x"}}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(axes_to_string(c.names) + " " + absl::StrJoin(c.shape, "x"));
+    absl::StatusOr<Mesh> mesh = client_->make_mesh(c.shape, c.names);
+    ASSERT_TRUE(mesh.ok()) << mesh.status();
+    const PartitionSpec out_sharding = c.names.size() == 2 ? P("y") : P(None);
+    const TracedFunction sum_gather = [&out_sharding](const std::vector<Value>& in) {
+      return std::vector<Value>{mean(at(in[0], in[1]).get(out_sharding))};
+    };
+    const Array t = put_on(*mesh, tokens, P("x", None));
+    absl::StatusOr<std::vector<Array>> out =
+        jit(vmap(value_and_grad(sum_gather)))({t, put_on(*mesh, ids, P("x", None))});
+    ASSERT_TRUE(out.ok()) << out.status();
+    ASSERT_EQ(out->size(), 2u);
+    EXPECT_EQ((*out)[0].shape(), (Shape{kB}));
+    expect_sharding((*out)[0], *mesh, P("x"));
+    EXPECT_EQ((*out)[1].shape(), tokens.shape());
+    expect_sharding((*out)[1], *mesh, P("x", None));
+    EXPECT_TRUE((*out)[1].sharding().is_equivalent_to(t.sharding(), 2)) << (*out)[1].sharding().to_string();
+    expect_near(fetch((*out)[0]), want_value);
+    expect_near(fetch((*out)[1]), want_grad);
+  }
 }
 
 }  // namespace
