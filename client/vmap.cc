@@ -67,7 +67,9 @@ Value broadcast_batch(const Value& x, int64_t size, const Axes& axes) {
   // Inside auto_axes (a node batched in the scope it was recorded in) the axes made Auto there
   // show in no type: the new dimension is split over the others only.
   Axes split;
-  const TraceState* t = x.ok() ? TraceState::of(x) : nullptr;
+  // The trace typed_operand types x in (a captured value's body parameter's).
+  const Value local = TraceState::local(x);
+  const TraceState* t = local.ok() ? TraceState::of(local) : nullptr;
   for (const std::string& a : axes) {
     if (t == nullptr || std::find(t->auto_axes.begin(), t->auto_axes.end(), a) == t->auto_axes.end()) {
       split.push_back(a);

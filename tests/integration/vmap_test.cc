@@ -1402,6 +1402,33 @@ TEST_F(VmapTest, ExplicitSelectBatchWithOutShardingAsJax) {
   }
 }
 
+// Nested vmaps over two Explicit axes (jax.vmap(jax.vmap(f)) of an f32[4@x,6@y,5] array): the
+// inner vmap's per-example slices are made inside the outer example's auto_axes scope and
+// batched in it again (client/vmap.cc batch_nodes); the result keeps both splits, as JAX's
+// get_sharding_for_vmap puts each vmapped axis back on its batch dimension, and each row is
+// what the host computes.
+TEST_F(VmapTest, ExplicitNestedVmapsOverTwoSplitDimensionsKeepBothSplits) {
+  const Mesh mesh = mesh_2x2();
+  const HostArray x = arange({4, 6, 5});
+  std::vector<std::string> seen;
+  TracedFunction f = [&seen](const std::vector<Value>& in) {
+    seen.push_back(type_of(in[0]).to_string());
+    return std::vector<Value>{sin(in[0]) * 2.0 + sum(in[0])};
+  };
+  absl::StatusOr<std::vector<Array>> out = jit(vmap(vmap(f)))({put_on(mesh, x, P("x", "y", None))});
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_THAT(seen, ElementsAre("f32[5]"));
+  expect_sharding((*out)[0], mesh, P("x", "y", None));
+  std::vector<double> want;
+  const absl::Span<const float> v = x.values<float>();
+  for (size_t row = 0; row < 24; ++row) {
+    double total = 0;
+    for (size_t k = 0; k < 5; ++k) total += v[row * 5 + k];
+    for (size_t k = 0; k < 5; ++k) want.push_back(2.0 * std::sin(static_cast<double>(v[row * 5 + k])) + total);
+  }
+  expect_near(fetch((*out)[0]), want);
+}
+
 // JAX's tests/pjit_test.py test_vmap_grad_sharded_gather: jit(vmap(value_and_grad(
 // mean(t.at[i].get(out_sharding=P('y')))))) over tokens and ids split P('x', None): the values
 // come out P('x'), the gradients laid out as the tokens, P('x', None). On JAX's (2, 4) mesh, on
