@@ -30,7 +30,8 @@ struct PlanRun {
   absl::Time deadline;  // for each collective's waits
   std::function<bool()> cancelled;
   // Whether the plan runs a collective (LoadedPlan::has_collectives). False: the run holds no
-  // op range at the transport (Transport::begin_run_ops), a lock and a set insertion saved.
+  // op range at the transport (Transport::begin_run_ops), a lock and a set insertion saved, and
+  // a failed run finishes none (SteppedPlanRun::fail).
   bool has_collectives = true;
 };
 

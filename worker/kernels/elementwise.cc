@@ -27,7 +27,7 @@ void keep_storage(std::byte*, size_t) {}
 // A kernel's result: new storage, or (in place) a placeholder while it writes `into`, which
 // run_kernel_in_place drops unread (it reads only the status). The placeholder allocates
 // nothing: a rank-0 view of `into` (an empty Shape holds no heap memory) that leaves the
-// storage to its owner. HostArray() allocated a block and a shape per in-place kernel.
+// storage to its owner.
 template <typename Out>
 HostArray result(std::byte* into, const Shape& shape) {
   return into != nullptr ? HostArray::adopt(dtype_of<Out>(), Shape{}, into, keep_storage)
