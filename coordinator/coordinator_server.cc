@@ -337,21 +337,25 @@ class CoordinatorService final : public CoordinatorServiceBase {
     taken.buffers = FanOut::buffers_of(arrays);
     // Arrays of an earlier incarnation that nobody adopted: their buffers go too. Their owner
     // is unknown here, so they go with their grant (or for an admin); else the lease reaps them.
-    const absl::flat_hash_set<uint64_t> refused(taken.refused.begin(), taken.refused.end());
-    std::vector<uint64_t> orphan_ids;
-    for (int i = 0; i < ids.size(); ++i) {
-      if (refused.contains(ids[i])) continue;
-      const std::string grant = i < grants.size() ? grants[i] : "";
-      if (caller.at_least(Role::kAdmin) || auth_.check_grant(ids[i], grant, method).ok()) {
-        orphan_ids.push_back(ids[i]);
+    // With no orphans (a coordinator that has not restarted, or once they are adopted or
+    // reaped) there is nothing to take: no grant is checked (a MAC per id).
+    if (registry_.orphan_count() > 0) {
+      const absl::flat_hash_set<uint64_t> refused(taken.refused.begin(), taken.refused.end());
+      std::vector<uint64_t> orphan_ids;
+      for (int i = 0; i < ids.size(); ++i) {
+        if (refused.contains(ids[i])) continue;
+        const std::string grant = i < grants.size() ? grants[i] : "";
+        if (caller.at_least(Role::kAdmin) || auth_.check_grant(ids[i], grant, method).ok()) {
+          orphan_ids.push_back(ids[i]);
+        }
       }
+      absl::flat_hash_set<uint64_t> orphans_taken;
+      for (auto& [device, orphans] : registry_.remove_orphans(orphan_ids)) {
+        orphans_taken.insert(orphans.begin(), orphans.end());
+        taken.buffers[device].insert(taken.buffers[device].end(), orphans.begin(), orphans.end());
+      }
+      deleted += static_cast<int64_t>(orphans_taken.size());
     }
-    absl::flat_hash_set<uint64_t> orphans_taken;
-    for (auto& [device, orphans] : registry_.remove_orphans(orphan_ids)) {
-      orphans_taken.insert(orphans.begin(), orphans.end());
-      taken.buffers[device].insert(taken.buffers[device].end(), orphans.begin(), orphans.end());
-    }
-    deleted += static_cast<int64_t>(orphans_taken.size());
     taken.refusal = refused_deletions(method, taken.refused, deleted, ids.size());
     return taken;
   }

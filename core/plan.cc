@@ -190,6 +190,13 @@ bool plan_has_collectives(const DevicePlan& program) {
   return false;
 }
 
+bool freed_after(const DevicePlan& plan, size_t k, int s) {
+  for (size_t i = k + 1; i < plan.code.size() && plan.code[i].kind == Instruction::Kind::kFree; ++i) {
+    if (plan.code[i].in[0] == s) return true;
+  }
+  return false;
+}
+
 int64_t plan_size(const DevicePlan& program) {
   int64_t size = 0;
   for (const Instruction& i : program.code) {

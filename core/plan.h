@@ -111,6 +111,10 @@ uint64_t instruction_op_span(const Instruction& i);
 // Whether `program` runs a collective (in a loop body too).
 bool plan_has_collectives(const DevicePlan& program);
 
+// Whether slot `s` is freed right after instruction `k` of `plan` (frees follow their slot's
+// last use): the liveness the interpreter's in-place writes and a plan's memory peak share.
+bool freed_after(const DevicePlan& plan, size_t k, int s);
+
 // The instructions of `program`, those of loop bodies included (once each, whatever their
 // trip counts): a program's size.
 int64_t plan_size(const DevicePlan& program);

@@ -9,7 +9,6 @@
 #include "core/status.h"
 #include "worker/collectives/engine.h"
 #include "worker/kernels/kernels.h"
-#include "worker/plan_peak.h"
 
 namespace tessera {
 
@@ -270,7 +269,8 @@ SteppedPlanRun::~SteppedPlanRun() {
 
 void SteppedPlanRun::fail(const Instruction& inst, const absl::Status& status) {
   // The ops of the instructions it will not run: peers' messages for them go, now and later.
-  transport_.finish_ops(op_, end_op_);
+  // A run without collectives has none that a peer sends to (it claimed no range either).
+  if (run_.has_collectives) transport_.finish_ops(op_, end_op_);
   result_ = absl::Status(status.code(),
                          absl::StrCat("instruction ", k_, " (", instruction_name(inst), "): ", status.message()));
   k_ = plan_.code.size();

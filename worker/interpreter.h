@@ -30,7 +30,8 @@ struct PlanRun {
   absl::Time deadline;  // for each collective's waits
   std::function<bool()> cancelled;
   // Whether the plan runs a collective (LoadedPlan::has_collectives). False: the run holds no
-  // op range at the transport (Transport::begin_run_ops), a lock and a set insertion saved.
+  // op range at the transport (Transport::begin_run_ops), a lock and a set insertion saved, and
+  // a failed run finishes none (SteppedPlanRun::fail).
   bool has_collectives = true;
 };
 
@@ -81,7 +82,8 @@ class SteppedPlanRun {
   // collectives as run_plan does (kDone).
   State advance(const ParkFn& park);
   // Ends a run that will not be advanced again (its thread could not be had): fails it with
-  // `status` at the instruction it stopped at, finishing the ops of those not run.
+  // `status` at the instruction it stopped at, finishing the ops of those not run (a run with
+  // collectives; one without has no ops a peer sends to).
   void abandon(const absl::Status& status);
   // The output slots' arrays, or the error naming the instruction that failed. Once, after kDone.
   absl::StatusOr<std::vector<std::shared_ptr<const HostArray>>> take_result();

@@ -7,13 +7,6 @@
 
 namespace tessera {
 
-bool freed_after(const DevicePlan& plan, size_t k, int s) {
-  for (size_t i = k + 1; i < plan.code.size() && plan.code[i].kind == Instruction::Kind::kFree; ++i) {
-    if (plan.code[i].in[0] == s) return true;
-  }
-  return false;
-}
-
 namespace {
 
 // While a loop or a switch runs, its body's (predicate's, branch's) peak is held on top of what

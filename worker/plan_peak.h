@@ -45,10 +45,6 @@ PlanPeaks plan_peaks(const DevicePlan& plan);
 PlanPeak peak_memory(const DevicePlan& plan, const std::vector<std::shared_ptr<const HostArray>>& inputs,
                      const PlanPeaks& known);
 
-// Whether slot `s` is freed right after instruction `k` of `plan` (frees follow their slot's
-// last use).
-bool freed_after(const DevicePlan& plan, size_t k, int s);
-
 }  // namespace tessera
 
 #endif  // TESSERA_WORKER_PLAN_PEAK_H_

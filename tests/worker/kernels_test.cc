@@ -1768,6 +1768,18 @@ TEST(KernelErrors, MismatchedOperandType) {
   const Node transpose = node_of(g, g.add_transpose(m, {1, 0}));
   EXPECT_EQ(run_kernel(transpose, {&other}).status(),
             absl::InvalidArgumentError("transpose: the operands (f32[4,3]) give f32[3,4] but the node is f32[4,3]"));
+
+  // Only the dtype differs (a select of f64 over f32 operands would read past their storage).
+  Node add64 = node_of(g, g.add_binary(Op::kAdd, g.add_parameter(DType::kF32, {2}), g.add_parameter(DType::kF32, {2})));
+  add64.dtype = DType::kF64;
+  const HostArray f2 = HostArray::zeros(DType::kF32, {2});
+  EXPECT_EQ(run_kernel(add64, {&f2, &f2}).status(),
+            absl::InvalidArgumentError("add: the operands (f32[2], f32[2]) give f32[2] but the node is f64[2]"));
+  // A node's negative dimension is refused naming the op.
+  Node tanh_node = node_of(g, g.add_unary(Op::kTanh, g.add_parameter(DType::kF32, {2})));
+  tanh_node.shape = {-1};
+  EXPECT_EQ(run_kernel(tanh_node, {&f2}).status(),
+            absl::InvalidArgumentError("tanh: dimension 0 of shape (-1,) is negative"));
 }
 
 TEST(KernelErrors, OpNotDefinedForTheDtype) {

@@ -13,6 +13,7 @@
 #include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/support/psum_plan.h"
 #include "worker/collectives/transport.h"
 #include "worker/interpreter.h"
 
@@ -20,35 +21,6 @@ namespace tessera {
 namespace {
 
 using ::testing::HasSubstr;
-
-// out = all_reduce_sum(x * x) + x over the devices `group`, on f32[4] blocks.
-DevicePlan psum_plan(const std::vector<int>& group) {
-  auto kernel = [](Op op, int out, std::vector<int> in) {
-    Instruction i;
-    i.out = out;
-    i.in = in;
-    i.node.op = op;
-    i.node.dtype = DType::kF32;
-    i.node.shape = {4};
-    i.node.operands = std::move(in);
-    return i;
-  };
-  Instruction all_reduce;
-  all_reduce.kind = Instruction::Kind::kCollective;
-  all_reduce.out = 2;
-  all_reduce.in = {1};
-  all_reduce.node.dtype = DType::kF32;
-  all_reduce.node.shape = {4};
-  all_reduce.collective.kind = CollectiveKind::kAllReduce;
-  all_reduce.collective.reduce_op = ReduceOp::kSum;
-  all_reduce.collective.groups = {group};
-  DevicePlan plan;
-  plan.num_slots = 4;
-  plan.input_slots = {0};
-  plan.output_slots = {3};
-  plan.code = {kernel(Op::kMul, 1, {0, 0}), all_reduce, kernel(Op::kAdd, 3, {2, 0})};
-  return plan;
-}
 
 std::shared_ptr<const HostArray> block(float first) {
   HostArray a(DType::kF32, {4});

@@ -29,10 +29,12 @@
 #include "proto/auth.h"
 #include "proto/rpc.h"
 #include "proto/tessera.grpc.pb.h"
+#include "tests/support/psum_plan.h"
 #include "tests/support/unix_sockets.h"
 #include "worker/collectives/engine.h"
 #include "worker/collectives/peer_view.h"
 #include "worker/collectives/shm_ring.h"
+#include "worker/interpreter.h"
 
 namespace tessera {
 namespace {
@@ -701,6 +703,45 @@ TEST(TransportMailbox, FinishingARangeDropsItsOpsNowAndLater) {
   for (uint64_t op = 100; op < 100 + 10'000; ++op) transport.finish_op(op);
   ASSERT_TRUE(deliver(transport, data_message(1, 100, 0, "late")).ok());
   EXPECT_EQ(transport.pending_messages(), 0);
+}
+
+// A run that fails finishes the ops of the instructions it will not run when it has
+// collectives: a peer's late message for its all_reduce is dropped, now and later. A run
+// without collectives (PlanRun::has_collectives false, as LoadedPlan computes it) claimed no
+// op range and finishes none: a message at its failed instruction's op is held like any other
+// early one (before session 41 that op's end was recorded and the message dropped). Both fail
+// naming the instruction: psum_plan's mul, whose node says f32[4], refuses f32[3] operands at
+// instruction 0 (op plan_op_id(7, 0) = 8), before the all_reduce (op 9); without collectives
+// the plan is that mul alone.
+TEST(TransportMailbox, AFailedRunFinishesTheOpsItWillNotRunOnlyWithCollectives) {
+  for (bool collectives : {true, false}) {
+    SCOPED_TRACE(collectives ? "with an all_reduce" : "without collectives");
+    DevicePlan plan = psum_plan({0, 1});
+    if (!collectives) {
+      plan.code.resize(1);
+      plan.output_slots = {1};
+    }
+    ASSERT_EQ(plan_has_collectives(plan), collectives);
+    Transport transport;
+    transport.set_self(0);
+    PlanRun run;
+    run.execution = 7;
+    run.run_tag = 5;
+    run.peers = {{0, "h:0"}, {1, "h:1"}};
+    run.deadline = absl::Now() + absl::Seconds(10);
+    run.has_collectives = collectives;
+    std::vector<std::shared_ptr<const HostArray>> inputs;
+    inputs.push_back(std::make_shared<const HostArray>(HostArray::ones(DType::kF32, {3})));
+    absl::StatusOr<std::vector<std::shared_ptr<const HostArray>>> out =
+        run_plan(plan, std::move(inputs), transport, run);
+    EXPECT_EQ(out.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(
+        std::string(out.status().message()),
+        HasSubstr("instruction 0 (mul): mul: the operands (f32[3], f32[3]) give f32[3] but the node is f32[4]"));
+    ASSERT_TRUE(deliver(transport, data_message(1, plan_op_id(7, collectives ? 1 : 0), 0, "late")).ok());
+    EXPECT_EQ(transport.dropped_messages(), collectives ? 1 : 0);
+    EXPECT_EQ(transport.pending_messages(), collectives ? 0 : 1);
+  }
 }
 
 // A put's fan-out runs under its buffer id with bit 63 (Transfers::kFanOutOpBit), ids that do

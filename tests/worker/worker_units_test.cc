@@ -211,15 +211,10 @@ TEST(PlanMemory, PeakFollowsLivenessAndInPlaceWrites) {
   EXPECT_EQ(donated.instruction, 0);
 }
 
-// A donated-input plan whose while loop's body runs a switch: the peak a run reserves (with
-// the bodies' peaks computed once when the plan is loaded, LoadedPlan::peaks) equals
-// peak_memory walking every body per run, and the hand count. Hand-counted: x f32[1000],
-// donated, 4000 bytes from the start; the loop's result f32[1000] 4000 more; on top while the
-// loop runs, the larger of its predicate (a bool scalar, 1 byte) and its body, which holds the
-// switch's f32[1000] result (4000) and the larger branch (iota f32[300], 1200; the other
-// f32[100], 400): 5200. So 4000 + 4000 + 5200 = 13200 at instruction 0, and without the
-// donated x counted 9200.
-TEST(PlanMemory, ADonatedInputPlanWithALoopBodyKeepsItsPeakWhenBodiesAreComputedOnLoad) {
+// A plan whose while loop's body runs a switch, on a donated input: x f32[1000] in slot 0,
+// donated and freed after the loop; the loop (f32[1000] to slot 1) has a bool-scalar predicate
+// and a body holding the switch, whose branches make iota f32[100] and f32[300].
+DevicePlan loop_switch_plan() {
   auto make = [](int out, DType dtype, Shape shape) {
     Instruction i;
     i.out = out;
@@ -260,6 +255,18 @@ TEST(PlanMemory, ADonatedInputPlanWithALoopBodyKeepsItsPeakWhenBodiesAreComputed
   plan.donated_inputs = {0};
   plan.output_slots = {1};
   plan.code = {loop, free};
+  return plan;
+}
+
+// loop_switch_plan's peak: the one a run reserves (with the bodies' peaks computed once when
+// the plan is loaded, LoadedPlan::peaks) equals peak_memory walking every body per run, and
+// the hand count. Hand-counted: x f32[1000], donated, 4000 bytes from the start; the loop's
+// result f32[1000] 4000 more; on top while the loop runs, the larger of its predicate (a bool
+// scalar, 1 byte) and its body, which holds the switch's f32[1000] result (4000) and the larger
+// branch (iota f32[300], 1200; the other f32[100], 400): 5200. So 4000 + 4000 + 5200 = 13200 at
+// instruction 0, and without the donated x counted 9200.
+TEST(PlanMemory, ADonatedInputPlanWithALoopBodyKeepsItsPeakWhenBodiesAreComputedOnLoad) {
+  const DevicePlan plan = loop_switch_plan();
   auto x = std::make_shared<const HostArray>(HostArray::arange(DType::kF32, {1000}));
 
   const PlanPeak per_run = peak_memory(plan, {x});
@@ -275,6 +282,24 @@ TEST(PlanMemory, ADonatedInputPlanWithALoopBodyKeepsItsPeakWhenBodiesAreComputed
   EXPECT_EQ(loaded.peaks.without_donated.bytes, 9200);
   EXPECT_EQ(loaded.peaks.without_donated.instruction, 0);
   EXPECT_EQ(peak_memory(plan, {}).bytes, 9200);
+}
+
+// peak_memory(plan, inputs, known) takes the loops' and switches' body peaks from `known`
+// rather than walking the bodies (the point of computing them on load): told, against its
+// REQUIRES, that the loop's body holds 1,000,000 bytes, it counts 4000 (x) + 4000 (the loop's
+// result) + 1,000,000 at instruction 0, where walking the bodies gives 13200. A `known` of
+// another plan's length is not read: the bodies are walked (13200).
+TEST(PlanMemory, APeakWithKnownBodiesReadsThemInsteadOfWalkingTheBodies) {
+  const DevicePlan plan = loop_switch_plan();
+  auto x = std::make_shared<const HostArray>(HostArray::arange(DType::kF32, {1000}));
+  PlanPeaks told = plan_peaks(plan);
+  ASSERT_EQ(told.bodies.size(), 2u);
+  told.bodies[0] = 1'000'000;
+  const PlanPeak peak = peak_memory(plan, {x}, told);
+  EXPECT_EQ(peak.bytes, 1'008'000);
+  EXPECT_EQ(peak.instruction, 0);
+  told.bodies.push_back(0);  // three entries for a plan of two instructions
+  EXPECT_EQ(peak_memory(plan, {x}, told).bytes, 13200);
 }
 
 // A plan with no inputs that makes a 512 MiB intermediate (the program, which ran on

@@ -21,10 +21,17 @@ absl::Status undefined_for(Op op, const HostArray& x) {
                                                  " operands (", type_to_string(x.dtype(), x.shape()), ")"));
 }
 
-// A kernel's result: new storage, or (in place) an empty array while it writes `into`.
+// Does nothing: `into` is an operand's storage, which its own array frees.
+void keep_storage(std::byte*, size_t) {}
+
+// A kernel's result: new storage, or (in place) a placeholder while it writes `into`, which
+// run_kernel_in_place drops unread (it reads only the status). The placeholder allocates
+// nothing: a rank-0 view of `into` (an empty Shape holds no heap memory) that leaves the
+// storage to its owner.
 template <typename Out>
 HostArray result(std::byte* into, const Shape& shape) {
-  return into != nullptr ? HostArray() : HostArray(dtype_of<Out>(), shape);
+  return into != nullptr ? HostArray::adopt(dtype_of<Out>(), Shape{}, into, keep_storage)
+                         : HostArray(dtype_of<Out>(), shape);
 }
 template <typename Out>
 Stored<Out>* destination(std::byte* into, HostArray* out) {

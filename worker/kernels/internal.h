@@ -106,7 +106,8 @@ void gather(const std::byte* src, int64_t elem_size, int64_t offset, const Shape
 // (op, backend). A kernel may trust that run_kernel checked the node against its operands (the
 // op's type rule, core/op.h); it rejects dtypes its op is not defined for. `into`, when not
 // null, is where the result goes (run_kernel_in_place: an operand's storage, element i read
-// before element i is written, only for kInPlace ops); the kernel then returns an empty array.
+// before element i is written, only for kInPlace ops); the kernel then returns a placeholder
+// nobody reads (a rank-0 view of `into` that allocates and frees nothing).
 enum class Backend : uint8_t { kCpu };
 using KernelFn = absl::StatusOr<HostArray> (*)(const Node& node, const std::vector<const HostArray*>& xs,
                                                std::byte* into);

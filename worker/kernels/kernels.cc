@@ -53,9 +53,10 @@ absl::Status check_node(const Node& node, const std::vector<const HostArray*>& x
     in.push_back({xs[i]->dtype(), xs[i]->shape()});
   }
   if (!is_known(node.dtype)) return error(node, "the node has an unknown dtype");
-  TESSERA_RETURN_IF_ERROR(validate_shape(node.shape, dtype_size(node.dtype), op_name(node.op)));
+  // The op's name as a view (is_op holds): no string is built unless the shape is refused.
+  TESSERA_RETURN_IF_ERROR(validate_shape(node.shape, dtype_size(node.dtype), op_def(node.op).name));
   TESSERA_ASSIGN_OR_RETURN(ArrayType want, infer_type(node, in));
-  if (want != ArrayType{node.dtype, node.shape}) {
+  if (want.dtype != node.dtype || want.shape != node.shape) {  // compared in place: no copy of the node's shape
     std::vector<std::string> types;
     for (const ArrayType& t : in) types.push_back(type_to_string(t.dtype, t.shape));
     return error(node, "the operands (", absl::StrJoin(types, ", "), ") give ", type_to_string(want.dtype, want.shape),
