@@ -1,5 +1,6 @@
 // Sharding rules of the layout ops: a split moves with the dimension it is on, and is gathered
-// first where the op cuts, joins or stretches that dimension; slice's and rev's partition
+// first where the op cuts, joins or stretches that dimension, except where a slice's cut can be
+// read from each block and halos of its neighbours' (slice_window); slice's and rev's partition
 // handlers.
 #include <algorithm>
 #include <optional>
@@ -178,8 +179,8 @@ absl::Status slice_or_concatenate(ShardingContext& c, int id) {
   const Shape& in = c.graph().node(n.operands[0]).shape;
   for (size_t d = 0; d < n.shape.size(); ++d) {
     const int64_t devices = c.mesh().axes_size(q.dims[d]);
-    const bool halo = n.op == Op::kSlice && devices > 1 &&
-                      slice_window(n.attrs<SliceAttrs>(), d, in[d], n.shape[d], devices).has_value();
+    const bool halo =
+        n.op == Op::kSlice && slice_window(n.attrs<SliceAttrs>(), d, in[d], n.shape[d], devices).has_value();
     if (halo) continue;
     if (cut(c.graph(), n, d) || n.shape[d] % devices != 0) q.dims[d].clear();
   }
@@ -210,9 +211,10 @@ DimMap slice_or_concatenate_map(const Graph& g, const Node& n) {
 // that the previous one's reaches (max_right), one collective_permute per side over the
 // dimension's axes (a device no pair names receives zeros, which its window never reads);
 // concatenates [left halo, own block, right halo]; takes its window of `width` elements at
-// max_left + first + axis_index * step (a static slice when step is 0); and last slices every
-// such window with the stride. A pending sum passes through: the permutes stay within its
-// replica groups and every step is linear.
+// max_left + first + axis_index * step (a dynamic_slice: step is never 0 here, since XLA's
+// static case, the same window in every block, is Tessera's aligned case above); and last
+// slices every such window with the stride. A pending sum passes through: the permutes stay
+// within its replica groups and every step is linear.
 absl::Status partition_slice(PartitionContext& c, int id) {
   const Node& n = c.graph().node(id);
   const ValueSharding& result = c.propagation().result[id];
@@ -300,25 +302,22 @@ absl::Status partition_slice(PartitionContext& c, int id) {
                                                         ConcatAttrs{static_cast<int64_t>(d)});
     Shape window = shape;
     window[d] = w.width;
-    if (w.step == 0) {
-      slot = slice_of(buffer, joined, d, w.max_left + w.first, w.max_left + w.first + w.width);
-    } else {
-      // The window's start along d (an i32 per dimension, 0 elsewhere), as dynamic_slice takes it.
-      std::vector<int> starts;
-      for (size_t k = 0; k < rank; ++k) {
-        int at = emit_kernel(c, id, Op::kConstant, DType::kI32, {}, {},
-                             ConstantAttrs{Scalar(k == d ? w.max_left + w.first : 0)});
-        if (k == d) {
-          at = emit_kernel(c, id, Op::kAdd, DType::kI32, {}, {emit_block_start(c, id, axes, w.step, DType::kI32), at});
-        }
-        starts.push_back(emit_kernel(c, id, Op::kBroadcastInDim, DType::kI32, {1}, {at}, BroadcastAttrs{}));
+    // The window's start along d (an i64 per dimension, 0 elsewhere, as dynamic_slice takes it):
+    // axis_index * step reaches about twice the dimension, which i32 would wrap past 2^30.
+    std::vector<int> starts;
+    for (size_t k = 0; k < rank; ++k) {
+      int at = emit_kernel(c, id, Op::kConstant, DType::kI64, {}, {},
+                           ConstantAttrs{Scalar(k == d ? w.max_left + w.first : int64_t{0})});
+      if (k == d) {
+        at = emit_kernel(c, id, Op::kAdd, DType::kI64, {}, {emit_block_start(c, id, axes, w.step, DType::kI64), at});
       }
-      const int at =
-          emit_kernel(c, id, Op::kConcatenate, DType::kI32, {static_cast<int64_t>(rank)}, starts, ConcatAttrs{0});
-      std::vector<int> operands = {buffer, at};
-      slot = emit_kernel(c, id, Op::kDynamicSlice, n.dtype, window, operands,
-                         DynamicSliceAttrs{std::vector<int64_t>(window.begin(), window.end())});
+      starts.push_back(emit_kernel(c, id, Op::kBroadcastInDim, DType::kI64, {1}, {at}, BroadcastAttrs{}));
     }
+    const int at =
+        emit_kernel(c, id, Op::kConcatenate, DType::kI64, {static_cast<int64_t>(rank)}, starts, ConcatAttrs{0});
+    std::vector<int> operands = {buffer, at};
+    slot = emit_kernel(c, id, Op::kDynamicSlice, n.dtype, window, operands,
+                       DynamicSliceAttrs{std::vector<int64_t>(window.begin(), window.end())});
     shape = window;
   }
   bool strided = false;
