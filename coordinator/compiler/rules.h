@@ -161,6 +161,23 @@ absl::Status body_value(ShardingContext& c, int id);
 // (elementwise ops); and one with no operands (sources).
 DimMap identity_map(const Graph& g, const Node& n);
 
+// How each device reads its part of a slice that keeps a split of dimension d (of size `dim`,
+// in blocks of B = dim / n over n devices, `kept` elements in the result, b = kept / n per
+// device) although the slice is not aligned with the blocks: XLA's windowed-input reshard of a
+// slice (spmd_partitioner_util.cc: ReshardDataForSlicing, ExchangeHaloAndGetValidData). Device
+// p's b elements lie in the window [off(p), off(p) + width) of its own block's coordinates,
+// off(p) = first + p * step, read with the slice's stride; width = (b - 1) * stride + 1. The
+// window reaches at most `max_left` elements into the previous device's block and `max_right`
+// into the next one's (0: none).
+struct SliceWindow {
+  int64_t first, step, width, max_left, max_right;
+};
+// The window of slice `s` on dimension d when keeping the split there is possible and cheaper
+// than gathering: kept > 0 divides by n, each halo comes from the neighbouring block only
+// (max_left, max_right <= B), and the halos are less than the (n - 1) * B elements a gather
+// receives. nullopt otherwise.
+std::optional<SliceWindow> slice_window(const SliceAttrs& s, size_t d, int64_t dim, int64_t kept, int64_t n);
+
 }  // namespace tessera::internal
 
 namespace tessera {

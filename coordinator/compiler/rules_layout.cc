@@ -1,11 +1,31 @@
 // Sharding rules of the layout ops: a split moves with the dimension it is on, and is gathered
-// first where the op cuts, joins or stretches that dimension; slice's and rev's partition
+// first where the op cuts, joins or stretches that dimension, except where a slice's cut can be
+// read from each block and halos of its neighbours' (slice_window); slice's and rev's partition
 // handlers.
+#include <algorithm>
+#include <optional>
+#include <utility>
+
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "coordinator/compiler/rules.h"
 #include "core/status.h"
 
 namespace tessera::internal {
+
+std::optional<SliceWindow> slice_window(const SliceAttrs& s, size_t d, int64_t dim, int64_t kept, int64_t n) {
+  if (n < 2 || kept <= 0 || kept % n != 0 || dim % n != 0) return std::nullopt;
+  const int64_t block = dim / n, b = kept / n, stride = s.stride(d);
+  SliceWindow w{s.start[d], b * stride - block, (b - 1) * stride + 1, 0, 0};
+  for (int64_t p = 0; p < n; ++p) {
+    const int64_t off = w.first + p * w.step;
+    w.max_left = std::max(w.max_left, -off);
+    w.max_right = std::max(w.max_right, off + w.width - block);
+  }
+  if (w.max_left > block || w.max_right > block || w.max_left + w.max_right >= (n - 1) * block) return std::nullopt;
+  return w;
+}
+
 namespace {
 
 // How reshape maps dimensions: consecutive groups, input [i, i2) and output [o, o2), grown
@@ -147,14 +167,22 @@ bool cut(const Graph& g, const Node& n, size_t d) {
 }
 
 // slice, concatenate: dimensions that are cut or joined are gathered first, and so is a kept
-// split a strided slice's shorter result does not divide (x[::4] of 8 over 4). A concatenate
-// resolves a pending sum first, unless every operand's is typed unreduced over the same axes
-// (explicit mode's _concatenate_unreduced_rule): then each device joins its terms.
+// split a strided slice's shorter result does not divide (x[::4] of 8 over 4). A slice that is
+// not aligned with the blocks of a split dimension keeps the split when each device's part can
+// be read from its block and halos of its neighbours' (slice_window: x[1:29] or x[8:32:2] of 32
+// over 4); partition_slice exchanges the halos. A concatenate resolves a pending sum first,
+// unless every operand's is typed unreduced over the same axes (explicit mode's
+// _concatenate_unreduced_rule): then each device joins its terms.
 absl::Status slice_or_concatenate(ShardingContext& c, int id) {
   const Node& n = c.graph().node(id);
   ValueSharding q = c.of_or_replicated(n.operands[0]);
+  const Shape& in = c.graph().node(n.operands[0]).shape;
   for (size_t d = 0; d < n.shape.size(); ++d) {
-    if (cut(c.graph(), n, d) || n.shape[d] % c.mesh().axes_size(q.dims[d]) != 0) q.dims[d].clear();
+    const int64_t devices = c.mesh().axes_size(q.dims[d]);
+    const bool halo =
+        n.op == Op::kSlice && slice_window(n.attrs<SliceAttrs>(), d, in[d], n.shape[d], devices).has_value();
+    if (halo) continue;
+    if (cut(c.graph(), n, d) || n.shape[d] % devices != 0) q.dims[d].clear();
   }
   if (n.op == Op::kConcatenate) {
     bool keep = q.is_partial();
@@ -176,18 +204,132 @@ DimMap slice_or_concatenate_map(const Graph& g, const Node& n) {
   return m;
 }
 
-// Split dimensions are never cut (propagation gathers them): each device slices its block of
-// whole runs of `stride` elements from the same start.
+// A split dimension the slice is aligned with: each device slices its block of whole runs of
+// `stride` elements from the same start. One it is not aligned with (slice_window): XLA's halo
+// exchange (ExchangeHaloAndGetValidData), one dimension after another. Each device sends the
+// tail of its block that the next device's window reaches (max_left elements) and the head
+// that the previous one's reaches (max_right), one collective_permute per side over the
+// dimension's axes (a device no pair names receives zeros, which its window never reads);
+// concatenates [left halo, own block, right halo]; takes its window of `width` elements at
+// max_left + first + axis_index * step (a dynamic_slice: step is never 0 here, since XLA's
+// static case, the same window in every block, is Tessera's aligned case above); and last
+// slices every such window with the stride. A pending sum passes through: the permutes stay
+// within its replica groups and every step is linear.
 absl::Status partition_slice(PartitionContext& c, int id) {
   const Node& n = c.graph().node(id);
   const ValueSharding& result = c.propagation().result[id];
+  const SliceAttrs& attrs = n.attrs<SliceAttrs>();
+  const Shape& whole = c.graph().node(n.operands[0]).shape;
   TESSERA_ASSIGN_OR_RETURN(std::vector<int> in, c.operands_as_needed(id));
   Instruction inst = c.local_kernel(id, in);
+  const Shape out = inst.node.shape;
   SliceAttrs& s = inst.node.attrs<SliceAttrs>();
+  if (s.strides.empty()) s.strides.assign(n.shape.size(), 1);
+  std::vector<std::pair<size_t, SliceWindow>> halos;
   for (size_t d = 0; d < n.shape.size(); ++d) {
-    if (!result.dims[d].empty()) s.limit[d] = inst.node.shape[d] * s.stride(d);
+    if (result.dims[d].empty()) continue;
+    const int64_t devices = c.mesh().axes_size(result.dims[d]);
+    const int64_t block = whole[d] / devices;
+    if (attrs.aligned(d, whole[d], n.shape[d])) {
+      s.limit[d] = inst.node.shape[d] * s.stride(d);
+      continue;
+    }
+    const std::optional<SliceWindow> w = slice_window(attrs, d, whole[d], n.shape[d], devices);
+    if (!w) {
+      return absl::InternalError(absl::StrCat("partition_slice: ", c.cause(id), " keeps the split of dimension ", d,
+                                              " that no window of its blocks reads"));
+    }
+    halos.emplace_back(d, *w);
+    s.start[d] = 0;
+    s.limit[d] = block;
+    s.strides[d] = 1;
+    inst.node.shape[d] = block;  // the whole block, windowed below
   }
-  c.bind(id, c.emit(std::move(inst)));
+  Shape shape = inst.node.shape;
+  // Where every dimension is now kept whole, the local slice is the operand's block itself.
+  bool whole_block = true;
+  for (size_t d = 0; d < n.shape.size(); ++d) {
+    const int64_t devices = c.mesh().axes_size(result.dims[d]);
+    whole_block = whole_block && s.start[d] == 0 && s.strides[d] == 1 && s.limit[d] == whole[d] / devices;
+  }
+  int slot = whole_block && !halos.empty() ? in[0] : c.emit(std::move(inst));
+  if (halos.empty()) {
+    c.bind(id, slot);
+    return absl::OkStatus();
+  }
+  const size_t rank = shape.size();
+  auto ones = [rank] { return std::vector<int64_t>(rank, 1); };
+  // x[from:to] along dimension d of the value in `slot` (of `shape`), whole elsewhere.
+  auto slice_of = [&](int from_slot, const Shape& from, size_t d, int64_t lo, int64_t hi) {
+    Shape piece = from;
+    piece[d] = hi - lo;
+    std::vector<int64_t> start(rank, 0), limit(from.begin(), from.end());
+    start[d] = lo;
+    limit[d] = hi;
+    return emit_kernel(c, id, Op::kSlice, n.dtype, piece, {from_slot}, SliceAttrs{start, limit, ones()});
+  };
+  for (const auto& [d, w] : halos) {
+    Axes axes;
+    for (const std::string& a : result.dims[d]) {
+      if (c.mesh().axes_size({a}) > 1) axes.push_back(a);
+    }
+    const int64_t devices = c.mesh().axes_size(axes), block = shape[d];
+    std::vector<int> pieces;
+    // Side -1: the previous device's tail for devices whose window starts before their block;
+    // side +1: the next device's head for those whose window ends after it.
+    for (int side : {-1, +1}) {
+      const int64_t halo = side < 0 ? w.max_left : w.max_right;
+      if (halo > 0) {
+        std::vector<int64_t> positions;
+        for (int64_t p = 0; p < devices; ++p) {
+          const int64_t off = w.first + p * w.step;
+          if (side < 0 ? off < 0 : off + w.width > block) positions.insert(positions.end(), {p + side, p});
+        }
+        Shape piece = shape;
+        piece[d] = halo;
+        const int sent = side < 0 ? slice_of(slot, shape, d, block - halo, block) : slice_of(slot, shape, d, 0, halo);
+        CollectiveSpec permute;
+        permute.kind = CollectiveKind::kCollectivePermute;
+        pieces.push_back(
+            emit_collective(c, id, permute, {sent}, axes, std::move(positions), n.dtype, std::move(piece)));
+      }
+      if (side < 0) pieces.push_back(slot);
+    }
+    Shape joined = shape;
+    joined[d] = w.max_left + block + w.max_right;
+    const int buffer = pieces.size() == 1 ? slot
+                                          : emit_kernel(c, id, Op::kConcatenate, n.dtype, joined, pieces,
+                                                        ConcatAttrs{static_cast<int64_t>(d)});
+    Shape window = shape;
+    window[d] = w.width;
+    // The window's start along d (an i64 per dimension, 0 elsewhere, as dynamic_slice takes it):
+    // axis_index * step reaches about twice the dimension, which i32 would wrap past 2^30.
+    std::vector<int> starts;
+    for (size_t k = 0; k < rank; ++k) {
+      int at = emit_kernel(c, id, Op::kConstant, DType::kI64, {}, {},
+                           ConstantAttrs{Scalar(k == d ? w.max_left + w.first : int64_t{0})});
+      if (k == d) {
+        at = emit_kernel(c, id, Op::kAdd, DType::kI64, {}, {emit_block_start(c, id, axes, w.step, DType::kI64), at});
+      }
+      starts.push_back(emit_kernel(c, id, Op::kBroadcastInDim, DType::kI64, {1}, {at}, BroadcastAttrs{}));
+    }
+    const int at =
+        emit_kernel(c, id, Op::kConcatenate, DType::kI64, {static_cast<int64_t>(rank)}, starts, ConcatAttrs{0});
+    std::vector<int> operands = {buffer, at};
+    slot = emit_kernel(c, id, Op::kDynamicSlice, n.dtype, window, operands,
+                       DynamicSliceAttrs{std::vector<int64_t>(window.begin(), window.end())});
+    shape = window;
+  }
+  bool strided = false;
+  std::vector<int64_t> start(rank, 0), limit(shape.begin(), shape.end()), strides = ones();
+  for (const auto& [d, w] : halos) {
+    strides[d] = attrs.stride(d);
+    strided = strided || strides[d] > 1;
+  }
+  if (strided) {
+    slot = emit_kernel(c, id, Op::kSlice, n.dtype, out, {slot}, SliceAttrs{start, limit, strides});
+  }
+  c.bind(id, slot);
   return absl::OkStatus();
 }
 

@@ -8,6 +8,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "coordinator/compiler/rules.h"
 #include "core/plan.h"
 #include "core/status.h"
 #include "core/wire.h"
@@ -736,6 +737,123 @@ TEST_F(PartitionTest, DynamicWindowsKeepWholeCoveredSplits) {
       },
       {{DType::kF32, {16, 8}}, {DType::kI32, {}}}, {P("data", None), P()});
   EXPECT_THAT(collectives_of(cut), ElementsAre(IsCollective(CollectiveKind::kAllGather, {"data"}, 0))) << cut.as_text();
+}
+
+// A slice that is not aligned with the blocks of its split dimension keeps the split when each
+// device's part lies in its block and one neighbour's (XLA's HandleSlice: the slice as a window,
+// ExchangeHaloAndGetValidData): a collective_permute of the halo instead of an all_gather.
+// f32[32] over 'data' (4 devices, blocks of 8): x[8:32:2] keeps 3 elements per device, device p
+// reading [8 - 2p, 13 - 2p) of its block, so up to 5 of the next block's head (1->0, 2->1,
+// 3->2): 20 B per device against the gather's 3 * 32 = 96 B. x[1:29] reads [1 - p, 8 - p): up
+// to 2 of the previous block's tail (1->2, 2->3), 8 B. x[1:31] keeps 30 elements, which do not
+// divide by 4 (Tessera has no padded shards): it still gathers.
+TEST_F(PartitionTest, UnalignedSliceOfASplitDimensionExchangesHalosNotGathers) {
+  auto compile_slice = [this](int64_t start, int64_t limit, int64_t stride) {
+    return compile(
+        [=](const std::vector<Value>& in) { return std::vector<Value>{slice(in[0], {start}, {limit}, {stride})}; },
+        {{DType::kF32, {32}}}, {P("data")});
+  };
+  Executable strided = compile_slice(8, 32, 2);
+  EXPECT_THAT(collectives_of(strided), ElementsAre(IsCollective(CollectiveKind::kCollectivePermute, {"data"}, -1, 20)))
+      << strided.as_text();
+  EXPECT_EQ(collective_bytes_per_device(strided.program, strided.mesh), 20);
+  EXPECT_THAT(strided.as_text(), HasSubstr("1 collective, 20 bytes received per device"));
+  EXPECT_THAT(strided.as_text(), HasSubstr("positions={1->0,2->1,3->2}"));
+  EXPECT_THAT(strided.as_text(), Not(HasSubstr("all_gather")));
+  EXPECT_EQ(strided.output_specs[0], P("data"));
+
+  Executable unit = compile_slice(1, 29, 1);
+  EXPECT_THAT(collectives_of(unit), ElementsAre(IsCollective(CollectiveKind::kCollectivePermute, {"data"}, -1, 8)))
+      << unit.as_text();
+  EXPECT_THAT(unit.as_text(), HasSubstr("positions={1->2,2->3}"));
+  EXPECT_EQ(unit.output_specs[0], P("data"));
+
+  Executable gathered = compile_slice(1, 31, 1);
+  EXPECT_THAT(collectives_of(gathered), ElementsAre(IsCollective(CollectiveKind::kAllGather, {"data"})))
+      << gathered.as_text();
+  EXPECT_EQ(gathered.output_specs[0], P(None));
+}
+
+// The trade-off of a halo slice whose result is gathered anyway (docs/design.md, "Still
+// gathered"): concatenate({x[1:29], y}, 0) with x, y f32[32] over 'data' (4 devices) joins along
+// the split dimension, so both operands are gathered. x[1:29] keeps its split by a permute of
+// 2 elements (8 B, 1->2, 2->3), and its 28 elements are then gathered with y in one combined
+// all_gather (3 * (7 + 8) * 4 = 180 B): 188 B in 2 collectives, where gathering x first was one
+// combined all_gather of 192 B. The slice's gate prices the halo against the gather of its own
+// operand only (bytes never go up) and not the latency propagation charges each collective:
+// this pins the plan so that a change to either shows here.
+TEST_F(PartitionTest, HaloSliceGatheredByAConcatenateCostsAPermuteMore) {
+  Executable exe = compile(
+      [](const std::vector<Value>& in) {
+        return std::vector<Value>{concatenate({slice(in[0], {1}, {29}, {1}), in[1]}, 0)};
+      },
+      {{DType::kF32, {32}}, {DType::kF32, {32}}}, {P("data"), P("data")});
+  EXPECT_THAT(collectives_of(exe), ElementsAre(IsCollective(CollectiveKind::kCollectivePermute, {"data"}, -1, 8),
+                                               IsCollective(CollectiveKind::kAllGather, {"data"}, -1, 180)))
+      << exe.as_text();
+  EXPECT_EQ(collective_bytes_per_device(exe.program, exe.mesh), 188);
+  EXPECT_THAT(exe.as_text(), HasSubstr("2 collectives, 188 bytes received per device"));
+  EXPECT_THAT(exe.as_text(), HasSubstr("positions={1->2,2->3}"));
+  EXPECT_EQ(exe.output_specs[0], P(None));
+}
+
+// slice_window against a per-device simulation of the plan partition_slice emits, for every
+// slice of every dimension up to 32 over 2, 4 and 8 devices: each device builds [the previous
+// block's tail of max_left, its own block, the next block's head of max_right] (zeros where its
+// window reads no halo, as a permute gives a device no pair names), reads `width` elements at
+// max_left + first + p * step and keeps every stride-th; that must be the device's b elements
+// of x[start:limit:stride]. slice_window must decline exactly when the result does not divide,
+// a halo reaches past the neighbouring block, or the halos are not less than a gather.
+TEST(SliceWindow, MatchesAPerDeviceSimulationOfTheHaloExchange) {
+  int windows = 0;
+  for (int64_t n : {2, 4, 8}) {
+    for (int64_t dim = n; dim <= 32; dim += n) {
+      const int64_t block = dim / n;
+      for (int64_t start = 0; start < dim; ++start) {
+        for (int64_t limit = start + 1; limit <= dim; ++limit) {
+          for (int64_t stride = 1; stride <= dim; ++stride) {
+            const int64_t kept = (limit - start + stride - 1) / stride;
+            SliceAttrs s{{start}, {limit}, {stride}};
+            const std::optional<internal::SliceWindow> w = internal::slice_window(s, 0, dim, kept, n);
+            SCOPED_TRACE(absl::StrCat("x[", start, ":", limit, ":", stride, "] of ", dim, " over ", n));
+            if (kept % n != 0) {
+              EXPECT_FALSE(w.has_value());
+              continue;
+            }
+            // The halos the devices need: how far each device's elements reach before and after its block.
+            const int64_t b = kept / n;
+            int64_t left = 0, right = 0;
+            for (int64_t p = 0; p < n; ++p) {
+              left = std::max(left, p * block - (start + p * b * stride));
+              right = std::max(right, start + ((p + 1) * b - 1) * stride - ((p + 1) * block - 1));
+            }
+            const bool fits = left <= block && right <= block && left + right < (n - 1) * block;
+            ASSERT_EQ(w.has_value(), fits) << "left " << left << " right " << right;
+            if (!w) continue;
+            ++windows;
+            EXPECT_EQ(w->max_left, left);
+            EXPECT_EQ(w->max_right, right);
+            for (int64_t p = 0; p < n; ++p) {
+              std::vector<int64_t> buffer;  // global indices, -1 for the zeros of no pair
+              const int64_t off = w->first + p * w->step;
+              for (int64_t k = block - w->max_left; k < block; ++k)
+                buffer.push_back(p > 0 && off < 0 ? (p - 1) * block + k : -1);
+              for (int64_t k = 0; k < block; ++k) buffer.push_back(p * block + k);
+              for (int64_t k = 0; k < w->max_right; ++k)
+                buffer.push_back(p + 1 < n && off + w->width > block ? (p + 1) * block + k : -1);
+              const int64_t at = w->max_left + off;
+              ASSERT_GE(at, 0) << "device " << p;
+              ASSERT_LE(at + w->width, static_cast<int64_t>(buffer.size())) << "device " << p;
+              for (int64_t j = 0; j < b; ++j) {
+                EXPECT_EQ(buffer[at + j * stride], start + (p * b + j) * stride) << "device " << p << " element " << j;
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(windows, 1000);
 }
 
 // random::uniform of a sharded shape is made where it lives (JAX's partitionable threefry, as
