@@ -65,9 +65,13 @@ struct TrainRun {
   Tree<PartitionSpec> params_layout, mu_layout;  // after the steps
 };
 
-TrainRun train(const Mesh& mesh, Layout layout, const std::string& remat = "none") {
+// With `with_key`, each step also gets the dropout tree {"key": the init key, "step": its
+// 1-based number}, as example_transformer passes it when --dropout is positive.
+TrainRun train(const Mesh& mesh, Layout layout, const std::string& remat = "none", double dropout = 0,
+               bool with_key = false) {
   Config c = tiny();
   c.remat = remat;
+  c.dropout = dropout;
   const Model model(c, layout, mesh);
   TrainRun run;
   absl::StatusOr<Array> key =
@@ -86,11 +90,23 @@ TrainRun train(const Mesh& mesh, Layout layout, const std::string& remat = "none
   Tree<Array> p = (*params)[0], s = (*state)[0];
   const TreeJitted step = model.train_step();
   std::vector<Array> losses;
+  int32_t step_number = 0;
   for (const Tree<HostArray>& b : batches(c)) {
     absl::StatusOr<Tree<Array>> batch = device_put(client(), b, mesh, ShardingRule(model.batch_spec()));
     EXPECT_TRUE(batch.ok()) << batch.status();
     if (!batch.ok()) return run;
-    absl::StatusOr<std::vector<Tree<Array>>> out = step({p, s, *batch});
+    std::vector<Tree<Array>> args = {p, s, *batch};
+    if (with_key) {
+      absl::StatusOr<Array> n =
+          client().device_put(HostArray::from_vector<int32_t>({}, {++step_number}), NamedSharding(mesh, P()));
+      EXPECT_TRUE(n.ok()) << n.status();
+      if (!n.ok()) return run;
+      Tree<Array> rng;
+      rng.set("key", *key);
+      rng.set("step", *n);
+      args.push_back(std::move(rng));
+    }
+    absl::StatusOr<std::vector<Tree<Array>>> out = step(args);
     EXPECT_TRUE(out.ok()) << out.status();
     if (!out.ok()) return run;
     losses.push_back(*(*out)[0].find(""));
@@ -170,6 +186,98 @@ TEST(Transformer, RematerialisedBlocksTrainAsTheOneDeviceRun) {
       }
     }
   }
+}
+
+// Dropout 0 draws nothing: a step given the dropout key trains exactly as one without it.
+// Dropout 0.3 changes the losses (the masks are drawn) and, its bits being partitionable and its
+// key made from replicated scalars, every mesh and layout (and a checkpointed block, which
+// draws its masks again in the backward pass) gives the one-device run's losses.
+TEST(Transformer, DropoutStepsGiveTheOneDeviceLossesOnEveryLayout) {
+  const TrainRun& ref = one_device();
+  ASSERT_EQ(ref.losses.size(), static_cast<size_t>(kSteps));
+  const TrainRun zero = train(mesh_of(1, 1), Layout::kDp, "none", 0.0, /*with_key=*/true);
+  EXPECT_EQ(zero.losses, ref.losses) << "dropout 0 with a key";
+
+  const TrainRun drop = train(mesh_of(1, 1), Layout::kDp, "none", 0.3, /*with_key=*/true);
+  ASSERT_EQ(drop.losses.size(), ref.losses.size());
+  for (size_t i = 0; i < drop.losses.size(); ++i) {
+    // More than the tolerance the layouts are held to below (the first step's logits are
+    // nearly uniform, so its loss moves least).
+    EXPECT_GT(std::abs(drop.losses[i] - ref.losses[i]), 2e-4 * ref.losses[i]) << "step " << i + 1 << " dropped nothing";
+  }
+  struct Case {
+    int64_t data, model;
+    Layout layout;
+    const char* remat;
+  };
+  for (const Case& k : std::vector<Case>{{4, 2, Layout::kDp, "none"},
+                                         {4, 2, Layout::kTp, "none"},
+                                         {4, 2, Layout::kFsdp, "none"},
+                                         {4, 2, Layout::kFsdpTp, "none"},
+                                         {8, 1, Layout::kFsdp, "none"},
+                                         {2, 4, Layout::kFsdpTp, "none"},
+                                         {4, 2, Layout::kDp, "full"},
+                                         {4, 2, Layout::kFsdpTp, "dots"}}) {
+    SCOPED_TRACE(absl::StrCat(layout_name(k.layout), " on (", k.data, ", ", k.model, "), remat ", k.remat));
+    const TrainRun run = train(mesh_of(k.data, k.model), k.layout, k.remat, 0.3, /*with_key=*/true);
+    ASSERT_EQ(run.losses.size(), drop.losses.size());
+    for (size_t i = 0; i < run.losses.size(); ++i) {
+      EXPECT_NEAR(run.losses[i], drop.losses[i], 1e-4 * std::abs(drop.losses[i])) << "step " << i + 1;
+    }
+  }
+}
+
+// dropout(x, p, key) as jax/example_libraries/stax.py's Dropout (whose `rate` is the keep
+// probability: where(bernoulli(rng, keep, shape), x / keep, 0)) and flax's nn.Dropout: against
+// the host's x, every element is 0 or x / (1 - p), about 1 - p of them kept (within 5 standard
+// deviations of the binomial count), the same elements on one device and split over 8; p = 0
+// returns x, and other keys draw other masks.
+TEST(Transformer, DropoutKeepsAboutOneMinusPScaledByItsInverse) {
+  const int64_t rows = 64, cols = 512, n = rows * cols;
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  HostArray x(DType::kF32, {rows, cols});
+  for (float& v : x.mutable_values<float>()) v = normal(rng) + 4.0f;  // none 0 in practice
+  auto run = [&](const Mesh& mesh, double p, uint32_t seed) -> std::vector<double> {
+    const TreeJitted f = jit([p](const std::vector<Tree<Value>>& in) {
+      return std::vector<Tree<Value>>{dropout(*in[0].find(""), p, *in[1].find(""))};
+    });
+    absl::StatusOr<Array> xa = client().device_put(x, NamedSharding(mesh, P(Axes{"data", "model"}, None)));
+    absl::StatusOr<Array> key =
+        client().device_put(HostArray::from_vector<uint32_t>({2}, {0, seed}), NamedSharding(mesh, P()));
+    EXPECT_TRUE(xa.ok() && key.ok()) << xa.status() << key.status();
+    if (!xa.ok() || !key.ok()) return {};
+    absl::StatusOr<std::vector<Tree<Array>>> out = f({Tree<Array>(*xa), Tree<Array>(*key)});
+    EXPECT_TRUE(out.ok()) << out.status();
+    absl::StatusOr<HostArray> y = out.ok() ? (*out)[0].find("")->fetch() : out.status();
+    EXPECT_TRUE(y.ok()) << y.status();
+    std::vector<double> v;
+    if (y.ok()) {
+      for (int64_t i = 0; i < y->size(); ++i) v.push_back(y->element_as_double(i));
+    }
+    return v;
+  };
+  const Mesh one = mesh_of(1, 1), eight = mesh_of(4, 2);
+  for (double p : {0.1, 0.3, 0.5}) {
+    SCOPED_TRACE(absl::StrCat("p ", p));
+    const std::vector<double> y = run(one, p, 9);
+    ASSERT_EQ(y.size(), static_cast<size_t>(n));
+    int64_t kept = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const double xi = x.values<float>()[i], want = static_cast<float>(xi / (1.0 - p));
+      if (y[i] != 0) {
+        ++kept;
+        ASSERT_NEAR(y[i], want, 1e-6 * std::abs(want)) << "element " << i;
+      }
+    }
+    const double mean = n * (1.0 - p), sd = std::sqrt(n * p * (1.0 - p));
+    EXPECT_NEAR(static_cast<double>(kept), mean, 5 * sd);
+    EXPECT_EQ(run(eight, p, 9), y) << "split over 8 devices";
+    EXPECT_NE(run(one, p, 10), y) << "another key";
+  }
+  const std::vector<double> same = run(eight, 0.0, 9);
+  ASSERT_EQ(same.size(), static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(same[i], x.values<float>()[i]) << "p 0, element " << i;
 }
 
 // ---- The host reference: the model's forward pass in double, by its definition ---------------
