@@ -8,6 +8,7 @@
 //   TreeJitted init = m.init();                     // key -> parameters, made on the devices
 //   TreeJitted opt_init = m.optimizer_init(), step = m.train_step();
 //   // step({params, state, batch}) -> {loss, params, state}; batch {"tokens", "targets"}
+//   // with config.dropout > 0: step({params, state, batch, {"key": uint32[2], "step": int32}})
 //
 // Layouts over a ('data', 'model') mesh:
 //   dp       pure data parallelism on every device: the batch over ('data', 'model') (each of
@@ -35,6 +36,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "tessera/tessera.h"
+#include "tessera/trace_error.h"
 
 namespace tessera::transformer {
 
@@ -153,15 +155,15 @@ inline PartitionSpec storage_spec(const Config& c, Layout layout, const Mesh& me
 // rate 0 returns x and draws nothing; rate 1 returns zeros.
 inline Value dropout(const Value& x, double rate, const Value& key) {
   if (rate <= 0) return x;
-  const Value zero = full({}, 0.0, x.dtype());
   if (rate >= 1) return full(x.shape(), 0.0, x.dtype());
+  const Value zero = full({}, 0.0, x.dtype());
   const Value keep = random::bernoulli(key, 1.0 - rate, x.shape());
   return where(keep, x / (1.0 - rate), zero);
 }
 
 // The stream the training steps' dropout keys come from: fold_in(seed key, kDropoutStream),
-// then fold_in(., step). init's keys are fold_in(seed key, i) for the parameters' indices
-// 0..16, so the streams do not meet.
+// then fold_in(., step). init's keys are split(seed key, 17)[i] = fold_in(seed key, i) for the
+// parameters' indices 0..16, so the streams do not meet (DropoutStepKeysDifferFromEachOtherAndFromInits checks).
 constexpr int64_t kDropoutStream = 0x64726f70;  // "drop"
 
 class Model {
@@ -290,8 +292,10 @@ class Model {
 
   // {params, opt_state, {"tokens", "targets"}[, {"key": uint32[2], "step": int32 scalar}]} ->
   // {loss, params, opt_state}; the parameters and the state are donated. The fourth tree (both
-  // replicated) gives the step's dropout key (step_dropout_key); without it, or at dropout 0,
-  // the step draws nothing.
+  // replicated) gives the step's dropout key (step_dropout_key); at dropout 0 the step draws
+  // nothing. The call fails (INVALID_ARGUMENT) at dropout > 0 without the fourth tree, as flax's
+  // Dropout without a 'dropout' rng and stax's Dropout without an rng raise, and for a fourth
+  // tree without "key" or "step".
   TreeJitted train_step() const {
     return jit(train_step_function(),
                {.out_shardings = {std::nullopt, param_rule(), std::nullopt}, .donate_argnums = {0, 1}});
@@ -303,7 +307,21 @@ class Model {
     const optim::GradientTransformation opt = optimizer();
     return [self, opt](const std::vector<Tree<Value>>& in) {
       std::optional<Value> key;
-      if (in.size() > 3 && self.c_.dropout > 0) key = step_dropout_key(*in[3].find("key"), *in[3].find("step"));
+      if (self.c_.dropout > 0) {
+        if (in.size() < 4) {
+          fail_trace(absl::InvalidArgumentError(
+              absl::StrCat("train_step: dropout ", self.c_.dropout, " needs the fourth tree {key, step}")));
+          return std::vector<Tree<Value>>{};
+        }
+        for (const char* leaf : {"key", "step"}) {
+          if (in[3].find(leaf) == nullptr) {
+            fail_trace(absl::InvalidArgumentError(
+                absl::StrCat("train_step: the fourth tree has no \"", leaf, "\" (it must be {key, step})")));
+            return std::vector<Tree<Value>>{};
+          }
+        }
+        key = step_dropout_key(*in[3].find("key"), *in[3].find("step"));
+      }
       TreeFunction loss = [&self, &key](const std::vector<Tree<Value>>& a) {
         return std::vector<Tree<Value>>{self.loss(a[0], *a[1].find("tokens"), *a[1].find("targets"), key)};
       };

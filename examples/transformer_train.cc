@@ -221,10 +221,10 @@ int main(int argc, char** argv) {
       absl::StatusOr<Array> step_number =
           client->device_put(HostArray::from_vector<int32_t>({}, {static_cast<int32_t>(i)}), NamedSharding(*mesh, P()));
       if (!step_number.ok()) return fail(step_number.status());
-      Tree<Array> rng;
-      rng.set("key", *key_array);
-      rng.set("step", *step_number);
-      args.push_back(std::move(rng));
+      Tree<Array> dropout_tree;
+      dropout_tree.set("key", *key_array);
+      dropout_tree.set("step", *step_number);
+      args.push_back(std::move(dropout_tree));
     }
     absl::StatusOr<std::vector<Tree<Array>>> out = step(args);
     if (!out.ok()) return fail(out.status());
