@@ -9,7 +9,6 @@
 #include "core/status.h"
 #include "tessera/grad.h"
 #include "tessera/jit.h"
-#include "tessera/trace_error.h"
 
 namespace tessera {
 
@@ -205,10 +204,6 @@ std::vector<Tree<Value>> tree_value_and_grads(const TreeFunction& f, const std::
 }
 
 }  // namespace
-
-void fail_trace(const absl::Status& status) {
-  if (!status.ok() && TraceState::current != nullptr) TraceState::current->fail(status);
-}
 
 TreeFunction grad(TreeFunction f, std::vector<int> argnums) {
   return [f = std::move(f), argnums = std::move(argnums)](const std::vector<Tree<Value>>& args) {

@@ -15,7 +15,7 @@ namespace tessera {
 
 // Records `status` as the error of the trace in progress on this thread (unless it already
 // has one, whose error is kept, as for ops), so jit's call returns it; later ops record
-// nothing. Does nothing for an OK status or outside a trace. Defined in client/tree.cc.
+// nothing. Does nothing for an OK status or outside a trace. Defined in client/trace.cc.
 void fail_trace(const absl::Status& status);
 
 }  // namespace tessera
