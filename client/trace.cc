@@ -10,6 +10,7 @@
 #include "client/trace_state.h"
 #include "core/status.h"
 #include "tessera/mesh_context.h"
+#include "tessera/trace_error.h"
 
 namespace tessera {
 namespace internal {
@@ -344,6 +345,10 @@ std::vector<Value> inline_graph(const Graph& g, const std::vector<Value>& args, 
 }
 
 }  // namespace internal
+
+void fail_trace(const absl::Status& status) {
+  if (!status.ok() && TraceState::current != nullptr) TraceState::current->fail(status);
+}
 
 absl::StatusOr<Graph> trace(const TracedFunction& f, const std::vector<ArrayType>& inputs) {
   return internal::trace_in(nullptr, f, inputs, {}, nullptr);

@@ -8,6 +8,7 @@
 //   TreeJitted init = m.init();                     // key -> parameters, made on the devices
 //   TreeJitted opt_init = m.optimizer_init(), step = m.train_step();
 //   // step({params, state, batch}) -> {loss, params, state}; batch {"tokens", "targets"}
+//   // with config.dropout > 0: step({params, state, batch, {"key": uint32[2], "step": int32}})
 //
 // Layouts over a ('data', 'model') mesh:
 //   dp       pure data parallelism on every device: the batch over ('data', 'model') (each of
@@ -27,6 +28,7 @@
 #include <cmath>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -34,6 +36,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "tessera/tessera.h"
+#include "tessera/trace_error.h"
 
 namespace tessera::transformer {
 
@@ -46,6 +49,10 @@ struct Config {
   // the projections, not the attention scores) and recomputes the rest; "full" keeps only
   // the blocks' inputs.
   std::string remat = "none";
+  // Dropout rate (flax nn.Dropout: keep with probability 1 - dropout, kept values scaled by
+  // 1 / (1 - dropout)) on the embeddings and on each block's two residual branches (GPT-2's
+  // embd_pdrop and resid_pdrop), in training steps only; 0 draws nothing.
+  double dropout = 0;
   int64_t hidden() const { return 4 * d_model; }
   int64_t head_dim() const { return d_model / heads; }
 };
@@ -141,6 +148,24 @@ inline PartitionSpec storage_spec(const Config& c, Layout layout, const Mesh& me
   return PartitionSpec(dims);
 }
 
+// flax.linen.Dropout(rate)(x, deterministic=False) with its rng `key` (uint32[2]): each element
+// kept with probability 1 - rate (random::bernoulli over x's shape, so under any sharding every
+// device draws its own elements' bits and the mask is the unsharded one) and scaled by
+// 1 / (1 - rate), the others 0 (flax/linen/stochastic.py: select(keep, x / keep_prob, 0)).
+// rate 0 returns x and draws nothing; rate 1 returns zeros.
+inline Value dropout(const Value& x, double rate, const Value& key) {
+  if (rate <= 0) return x;
+  if (rate >= 1) return full(x.shape(), 0.0, x.dtype());
+  const Value zero = full({}, 0.0, x.dtype());
+  const Value keep = random::bernoulli(key, 1.0 - rate, x.shape());
+  return where(keep, x / (1.0 - rate), zero);
+}
+
+// The stream the training steps' dropout keys come from: fold_in(seed key, kDropoutStream),
+// then fold_in(., step). init's keys are split(seed key, 17)[i] = fold_in(seed key, i) for the
+// parameters' indices 0..16, so the streams do not meet (DropoutStepKeysDifferFromEachOtherAndFromInits checks).
+constexpr int64_t kDropoutStream = 0x64726f70;  // "drop"
+
 class Model {
  public:
   Model(Config config, Layout layout, Mesh mesh) : c_(config), layout_(layout), mesh_(std::move(mesh)) {}
@@ -193,8 +218,12 @@ class Model {
     return jit([opt](const std::vector<Tree<Value>>& in) { return std::vector<Tree<Value>>{opt.init(in[0])}; });
   }
 
-  // Logits (batch, seq, vocab) of tokens (batch, seq) int32.
-  Value logits(const Tree<Value>& params, const Value& tokens) const {
+  // Logits (batch, seq, vocab) of tokens (batch, seq) int32. With a dropout `key` (uint32[2])
+  // and a positive rate, dropout on the embeddings (key fold_in(key, layers)) and on layer l's
+  // attention and MLP branches (keys fold_in(k_l, 0) and fold_in(k_l, 1), k_l = split(key,
+  // layers)[l], read by the scan as one more xs); without, none (evaluation, sampling).
+  Value logits(const Tree<Value>& params, const Value& tokens, const std::optional<Value>& key = std::nullopt) const {
+    const bool drop = key.has_value() && c_.dropout > 0;
     const int64_t B = tokens.shape()[0], T = tokens.shape()[1];
     auto use = [&](const std::string& name, const Value& v) {
       if (layout_ == Layout::kDp || layout_ == Layout::kTp) return v;
@@ -204,6 +233,7 @@ class Model {
     Value pos = get("pos");
     if (T < c_.seq) pos = slice(pos, {0, 0}, {T, c_.d_model});
     Value x = take(get("embed"), tokens, 0) + pos;
+    if (drop) x = dropout(x, c_.dropout, random::fold_in(*key, c_.layers));
     // The stacked leaves, in name order, are the scan's xs; the body sees one layer's row.
     std::vector<std::string> names;
     std::vector<Value> stacks;
@@ -213,6 +243,7 @@ class Model {
         stacks.push_back(v);
       }
     }
+    if (drop) stacks.push_back(random::split(*key, c_.layers));  // the rows' keys, uint32[layers, 2]
     const Config c = c_;
     const TracedFunction block = [&](const std::vector<Value>& in) {
       std::map<std::string, Value> l;
@@ -223,9 +254,13 @@ class Model {
       const Value att =
           nn::dot_product_attention(heads(l["attn.wq"]), heads(l["attn.wk"]), heads(l["attn.wv"]), std::nullopt,
                                     /*is_causal=*/true);
-      const Value h1 = h + matmul(reshape(att, {B, T, c.d_model}), l["attn.wo"]);
+      auto branch = [&](const Value& v, int64_t site) {
+        return drop ? dropout(v, c.dropout, random::fold_in(in.back(), site)) : v;
+      };
+      const Value h1 = h + branch(matmul(reshape(att, {B, T, c.d_model}), l["attn.wo"]), 0);
       const Value m = nn::layer_norm(h1, l["ln2.scale"], l["ln2.bias"]);
-      const Value h2 = h1 + (matmul(nn::gelu(matmul(m, l["mlp.w1"]) + l["mlp.b1"]), l["mlp.w2"]) + l["mlp.b2"]);
+      const Value h2 =
+          h1 + branch(matmul(nn::gelu(matmul(m, l["mlp.w1"]) + l["mlp.b1"]), l["mlp.w2"]) + l["mlp.b2"], 1);
       return std::vector<Value>{h2};
     };
     const TracedFunction layer = c.remat == "full" ? checkpoint(block)
@@ -243,13 +278,24 @@ class Model {
     return matmul(x, get("head"));
   }
 
-  // Mean cross-entropy (nats per token) of the next-token predictions.
-  Value loss(const Tree<Value>& params, const Value& tokens, const Value& targets) const {
-    return mean(nn::cross_entropy(logits(params, tokens), targets));
+  // Mean cross-entropy (nats per token) of the next-token predictions (with dropout under `key`).
+  Value loss(const Tree<Value>& params, const Value& tokens, const Value& targets,
+             const std::optional<Value>& key = std::nullopt) const {
+    return mean(nn::cross_entropy(logits(params, tokens, key), targets));
   }
 
-  // {params, opt_state, {"tokens", "targets"}} -> {loss, params, opt_state}; the parameters
-  // and the state are donated.
+  // The key of a training step's dropout: fold_in(fold_in(seed key, kDropoutStream), step), the
+  // same on every layout (made from replicated scalars, not from any device's position).
+  static Value step_dropout_key(const Value& seed_key, const Value& step) {
+    return random::fold_in(random::fold_in(seed_key, kDropoutStream), step);
+  }
+
+  // {params, opt_state, {"tokens", "targets"}[, {"key": uint32[2], "step": int32 scalar}]} ->
+  // {loss, params, opt_state}; the parameters and the state are donated. The fourth tree (both
+  // replicated) gives the step's dropout key (step_dropout_key); at dropout 0 the step draws
+  // nothing. The call fails (INVALID_ARGUMENT) at dropout > 0 without the fourth tree, as flax's
+  // Dropout without a 'dropout' rng and stax's Dropout without an rng raise, and for a fourth
+  // tree without "key" or "step".
   TreeJitted train_step() const {
     return jit(train_step_function(),
                {.out_shardings = {std::nullopt, param_rule(), std::nullopt}, .donate_argnums = {0, 1}});
@@ -260,8 +306,24 @@ class Model {
     const Model self = *this;
     const optim::GradientTransformation opt = optimizer();
     return [self, opt](const std::vector<Tree<Value>>& in) {
-      TreeFunction loss = [&self](const std::vector<Tree<Value>>& a) {
-        return std::vector<Tree<Value>>{self.loss(a[0], *a[1].find("tokens"), *a[1].find("targets"))};
+      std::optional<Value> key;
+      if (self.c_.dropout > 0) {
+        if (in.size() < 4) {
+          fail_trace(absl::InvalidArgumentError(
+              absl::StrCat("train_step: dropout ", self.c_.dropout, " needs the fourth tree {key, step}")));
+          return std::vector<Tree<Value>>{};
+        }
+        for (const char* leaf : {"key", "step"}) {
+          if (in[3].find(leaf) == nullptr) {
+            fail_trace(absl::InvalidArgumentError(
+                absl::StrCat("train_step: the fourth tree has no \"", leaf, "\" (it must be {key, step})")));
+            return std::vector<Tree<Value>>{};
+          }
+        }
+        key = step_dropout_key(*in[3].find("key"), *in[3].find("step"));
+      }
+      TreeFunction loss = [&self, &key](const std::vector<Tree<Value>>& a) {
+        return std::vector<Tree<Value>>{self.loss(a[0], *a[1].find("tokens"), *a[1].find("targets"), key)};
       };
       std::vector<Tree<Value>> vg = value_and_grad(loss, {0})({in[0], in[2]});
       auto [updates, state] = opt.update(vg[1], in[1], in[0]);

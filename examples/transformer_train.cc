@@ -55,6 +55,9 @@ ABSL_FLAG(std::string, remat, "none",
           "what each block keeps for the backward pass: none (everything), dots (its matmuls' results; the rest "
           "is recomputed), full (only its input; jax.checkpoint)");
 ABSL_FLAG(double, weight_decay, 0.01, "AdamW's decoupled weight decay");
+ABSL_FLAG(double, dropout, 0.0,
+          "dropout rate on the embeddings and the blocks' residual branches in training (flax nn.Dropout; none in "
+          "evaluation and sampling), drawn on the devices from the seed's key folded with the step");
 ABSL_FLAG(int64_t, seed, 0, "seed of the parameters (tessera::random on the devices) and of the batches");
 ABSL_FLAG(int64_t, print_every, 50, "print the loss every N steps");
 ABSL_FLAG(int64_t, eval_every, 0,
@@ -112,6 +115,10 @@ int main(int argc, char** argv) {
   c.lr = absl::GetFlag(FLAGS_lr);
   c.weight_decay = absl::GetFlag(FLAGS_weight_decay);
   c.remat = absl::GetFlag(FLAGS_remat);
+  c.dropout = absl::GetFlag(FLAGS_dropout);
+  if (!(c.dropout >= 0 && c.dropout < 1)) {
+    return fail(absl::InvalidArgumentError(absl::StrCat("--dropout=", c.dropout, " must be in [0, 1)")));
+  }
   if (absl::Status r = transformer::check_remat(c.remat); !r.ok()) return fail(r);
   const int64_t print_every = std::max<int64_t>(1, absl::GetFlag(FLAGS_print_every));
   if (c.vocab < 256 || c.d_model < 1 || c.heads < 1 || c.d_model % c.heads != 0 || c.layers < 1 || c.seq < 2 ||
@@ -169,10 +176,12 @@ int main(int argc, char** argv) {
   Tree<Array> p = (*params)[0], s = (*state)[0];
   int64_t n_params = 0;
   for (const auto& [name, a] : p) n_params += static_cast<int64_t>(a.size());
-  std::printf("transformer: %lld parameters, %lld layers, d_model %lld, %lld heads, seq %lld, batch %lld; %s on %s\n",
-              static_cast<long long>(n_params), static_cast<long long>(c.layers), static_cast<long long>(c.d_model),
-              static_cast<long long>(c.heads), static_cast<long long>(c.seq), static_cast<long long>(c.batch),
-              transformer::layout_name(*layout), mesh->to_string().c_str());
+  std::printf(
+      "transformer: %lld parameters, %lld layers, d_model %lld, %lld heads, seq %lld, batch %lld, dropout %g; %s on "
+      "%s\n",
+      static_cast<long long>(n_params), static_cast<long long>(c.layers), static_cast<long long>(c.d_model),
+      static_cast<long long>(c.heads), static_cast<long long>(c.seq), static_cast<long long>(c.batch), c.dropout,
+      transformer::layout_name(*layout), mesh->to_string().c_str());
 
   // The held-out loss: mean nats per character over the held-out text in consecutive windows,
   // `batch` at a time (the last batch padded with repeats of its first window, not counted).
@@ -207,7 +216,17 @@ int main(int argc, char** argv) {
     absl::StatusOr<Tree<Array>> batch =
         device_put(*client, windows(train, starts, c.seq), *mesh, ShardingRule(model.batch_spec()));
     if (!batch.ok()) return fail(batch.status());
-    absl::StatusOr<std::vector<Tree<Array>>> out = step({p, s, *batch});
+    std::vector<Tree<Array>> args = {p, s, *batch};
+    if (c.dropout > 0) {  // the step's dropout key is made on the devices from the seed's key and i
+      absl::StatusOr<Array> step_number =
+          client->device_put(HostArray::from_vector<int32_t>({}, {static_cast<int32_t>(i)}), NamedSharding(*mesh, P()));
+      if (!step_number.ok()) return fail(step_number.status());
+      Tree<Array> dropout_tree;
+      dropout_tree.set("key", *key_array);
+      dropout_tree.set("step", *step_number);
+      args.push_back(std::move(dropout_tree));
+    }
+    absl::StatusOr<std::vector<Tree<Array>>> out = step(args);
     if (!out.ok()) return fail(out.status());
     p = (*out)[1];
     s = (*out)[2];

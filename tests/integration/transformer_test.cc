@@ -5,9 +5,11 @@
 // the same initial parameters (fetched from the devices).
 #include <cmath>
 #include <map>
+#include <optional>
 #include <random>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "examples/transformer_model.h"
@@ -65,9 +67,13 @@ struct TrainRun {
   Tree<PartitionSpec> params_layout, mu_layout;  // after the steps
 };
 
-TrainRun train(const Mesh& mesh, Layout layout, const std::string& remat = "none") {
+// With `with_key`, each step also gets the dropout tree {"key": the init key, "step": its
+// 1-based number}, as example_transformer passes it when --dropout is positive.
+TrainRun train(const Mesh& mesh, Layout layout, const std::string& remat = "none", double dropout = 0,
+               bool with_key = false) {
   Config c = tiny();
   c.remat = remat;
+  c.dropout = dropout;
   const Model model(c, layout, mesh);
   TrainRun run;
   absl::StatusOr<Array> key =
@@ -86,11 +92,23 @@ TrainRun train(const Mesh& mesh, Layout layout, const std::string& remat = "none
   Tree<Array> p = (*params)[0], s = (*state)[0];
   const TreeJitted step = model.train_step();
   std::vector<Array> losses;
+  int32_t step_number = 0;
   for (const Tree<HostArray>& b : batches(c)) {
     absl::StatusOr<Tree<Array>> batch = device_put(client(), b, mesh, ShardingRule(model.batch_spec()));
     EXPECT_TRUE(batch.ok()) << batch.status();
     if (!batch.ok()) return run;
-    absl::StatusOr<std::vector<Tree<Array>>> out = step({p, s, *batch});
+    std::vector<Tree<Array>> args = {p, s, *batch};
+    if (with_key) {
+      absl::StatusOr<Array> n =
+          client().device_put(HostArray::from_vector<int32_t>({}, {++step_number}), NamedSharding(mesh, P()));
+      EXPECT_TRUE(n.ok()) << n.status();
+      if (!n.ok()) return run;
+      Tree<Array> rng;
+      rng.set("key", *key);
+      rng.set("step", *n);
+      args.push_back(std::move(rng));
+    }
+    absl::StatusOr<std::vector<Tree<Array>>> out = step(args);
     EXPECT_TRUE(out.ok()) << out.status();
     if (!out.ok()) return run;
     losses.push_back(*(*out)[0].find(""));
@@ -170,6 +188,204 @@ TEST(Transformer, RematerialisedBlocksTrainAsTheOneDeviceRun) {
       }
     }
   }
+}
+
+// Dropout 0 draws nothing: a step given the dropout key trains exactly as one without it.
+// Dropout 0.3 changes the losses (the masks are drawn) and, its bits being partitionable and its
+// key made from replicated scalars, every mesh and layout (and a checkpointed block, which
+// draws its masks again in the backward pass) gives the one-device run's losses.
+TEST(Transformer, DropoutStepsGiveTheOneDeviceLossesOnEveryLayout) {
+  const TrainRun& ref = one_device();
+  ASSERT_EQ(ref.losses.size(), static_cast<size_t>(kSteps));
+  const TrainRun zero = train(mesh_of(1, 1), Layout::kDp, "none", 0.0, /*with_key=*/true);
+  EXPECT_EQ(zero.losses, ref.losses) << "dropout 0 with a key";
+
+  const TrainRun drop = train(mesh_of(1, 1), Layout::kDp, "none", 0.3, /*with_key=*/true);
+  ASSERT_EQ(drop.losses.size(), ref.losses.size());
+  for (size_t i = 0; i < drop.losses.size(); ++i) {
+    // More than the tolerance the layouts are held to below (the first step's logits are
+    // nearly uniform, so its loss moves least).
+    EXPECT_GT(std::abs(drop.losses[i] - ref.losses[i]), 2e-4 * ref.losses[i]) << "step " << i + 1 << " dropped nothing";
+  }
+  struct Case {
+    int64_t data, model;
+    Layout layout;
+    const char* remat;
+  };
+  for (const Case& k : std::vector<Case>{{4, 2, Layout::kDp, "none"},
+                                         {4, 2, Layout::kTp, "none"},
+                                         {4, 2, Layout::kFsdp, "none"},
+                                         {4, 2, Layout::kFsdpTp, "none"},
+                                         {8, 1, Layout::kFsdp, "none"},
+                                         {2, 4, Layout::kFsdpTp, "none"},
+                                         {4, 2, Layout::kDp, "full"},
+                                         {4, 2, Layout::kFsdpTp, "dots"}}) {
+    SCOPED_TRACE(absl::StrCat(layout_name(k.layout), " on (", k.data, ", ", k.model, "), remat ", k.remat));
+    const TrainRun run = train(mesh_of(k.data, k.model), k.layout, k.remat, 0.3, /*with_key=*/true);
+    ASSERT_EQ(run.losses.size(), drop.losses.size());
+    for (size_t i = 0; i < run.losses.size(); ++i) {
+      EXPECT_NEAR(run.losses[i], drop.losses[i], 1e-4 * std::abs(drop.losses[i])) << "step " << i + 1;
+    }
+  }
+}
+
+// At dropout > 0 a training step needs its dropout tree, as flax's nn.Dropout raises without a
+// 'dropout' rng (flax/linen/stochastic.py) and stax's Dropout raises ValueError without an rng
+// (jax/example_libraries/stax.py): without the fourth tree, or with one missing "key" or
+// "step", the call fails INVALID_ARGUMENT naming what is missing; with both it trains.
+TEST(Transformer, DropoutStepWithoutItsKeyTreeFails) {
+  Config c = tiny();
+  c.dropout = 0.1;
+  const Mesh mesh = mesh_of(1, 1);
+  const Model model(c, Layout::kDp, mesh);
+  const TreeJitted step = model.train_step();
+  absl::StatusOr<Array> key =
+      client().device_put(HostArray::from_vector<uint32_t>({2}, {0, 42}), NamedSharding(mesh, P()));
+  absl::StatusOr<Array> one = client().device_put(HostArray::from_vector<int32_t>({}, {1}), NamedSharding(mesh, P()));
+  absl::StatusOr<Tree<Array>> batch = device_put(client(), batches(c)[0], mesh, ShardingRule(model.batch_spec()));
+  ASSERT_TRUE(key.ok() && one.ok() && batch.ok()) << key.status() << one.status() << batch.status();
+  // A step on fresh parameters (the step donates them), with `fourth` appended when given.
+  auto call = [&](const std::optional<Tree<Array>>& fourth) -> absl::Status {
+    absl::StatusOr<std::vector<Tree<Array>>> params = model.init()({Tree<Array>(*key)});
+    if (!params.ok()) return params.status();
+    absl::StatusOr<std::vector<Tree<Array>>> state = model.optimizer_init()({(*params)[0]});
+    if (!state.ok()) return state.status();
+    std::vector<Tree<Array>> args = {(*params)[0], (*state)[0], *batch};
+    if (fourth.has_value()) args.push_back(*fourth);
+    absl::StatusOr<std::vector<Tree<Array>>> out = step(args);
+    if (!out.ok()) return out.status();
+    return out->at(0).find("")->block_until_ready();
+  };
+  absl::Status none = call(std::nullopt);
+  EXPECT_EQ(none.code(), absl::StatusCode::kInvalidArgument) << none;
+  EXPECT_THAT(std::string(none.message()),
+              testing::HasSubstr("train_step: dropout 0.1 needs the fourth tree {key, step}"));
+  Tree<Array> key_only, step_only, both;
+  key_only.set("key", *key);
+  step_only.set("step", *one);
+  both.set("key", *key);
+  both.set("step", *one);
+  absl::Status no_step = call(key_only);
+  EXPECT_EQ(no_step.code(), absl::StatusCode::kInvalidArgument) << no_step;
+  EXPECT_THAT(std::string(no_step.message()), testing::HasSubstr("train_step: the fourth tree has no \"step\""));
+  absl::Status no_key = call(step_only);
+  EXPECT_EQ(no_key.code(), absl::StatusCode::kInvalidArgument) << no_key;
+  EXPECT_THAT(std::string(no_key.message()), testing::HasSubstr("train_step: the fourth tree has no \"key\""));
+  EXPECT_TRUE(call(both).ok());
+}
+
+// The training steps' dropout keys (Model::step_dropout_key of the init key K and steps 1..8)
+// differ from each other and from init's 17 keys split(K, 17)[i] (= fold_in(K, i), JAX's
+// foldlike split): a key ignoring the step would draw the same masks every step, and one
+// without the kDropoutStream fold would be parameter s's init key at step s.
+TEST(Transformer, DropoutStepKeysDifferFromEachOtherAndFromInits) {
+  constexpr int kKeySteps = 8;
+  const Mesh mesh = mesh_of(1, 1);
+  const TreeJitted keys = jit([](const std::vector<Tree<Value>>& in) {
+    const Value& k = *in[0].find("");
+    Tree<Value> out;
+    out.set("init", random::split(k, 17));
+    for (const auto& [name, step] : in[1]) out.set(name, Model::step_dropout_key(k, step));
+    return std::vector<Tree<Value>>{out};
+  });
+  absl::StatusOr<Array> key =
+      client().device_put(HostArray::from_vector<uint32_t>({2}, {0, 42}), NamedSharding(mesh, P()));
+  ASSERT_TRUE(key.ok()) << key.status();
+  Tree<Array> steps;
+  for (int32_t s = 1; s <= kKeySteps; ++s) {
+    absl::StatusOr<Array> n = client().device_put(HostArray::from_vector<int32_t>({}, {s}), NamedSharding(mesh, P()));
+    ASSERT_TRUE(n.ok()) << n.status();
+    steps.set(absl::StrCat("step ", s), *n);
+  }
+  absl::StatusOr<std::vector<Tree<Array>>> out = keys({Tree<Array>(*key), steps});
+  ASSERT_TRUE(out.ok()) << out.status();
+  absl::StatusOr<Tree<HostArray>> host = device_get((*out)[0]);
+  ASSERT_TRUE(host.ok()) << host.status();
+  std::vector<std::pair<std::string, std::pair<uint32_t, uint32_t>>> all;
+  for (const auto& [name, a] : *host) {
+    const std::vector<uint32_t> v(a.values<uint32_t>().begin(), a.values<uint32_t>().end());
+    ASSERT_EQ(v.size() % 2, 0u) << name;
+    if (name == "init") {
+      ASSERT_EQ(v.size(), 34u);
+      for (size_t i = 0; i < 17; ++i) all.push_back({absl::StrCat("init key ", i), {v[2 * i], v[2 * i + 1]}});
+    } else {
+      ASSERT_EQ(v.size(), 2u) << name;
+      all.push_back({name, {v[0], v[1]}});
+    }
+  }
+  ASSERT_EQ(all.size(), 17u + kKeySteps);
+  for (size_t i = 0; i < all.size(); ++i) {
+    for (size_t j = i + 1; j < all.size(); ++j) {
+      if (!absl::StartsWith(all[i].first, "step") && !absl::StartsWith(all[j].first, "step")) continue;
+      EXPECT_NE(all[i].second, all[j].second) << all[i].first << " and " << all[j].first;
+    }
+  }
+}
+
+// dropout(x, p, key) as jax/example_libraries/stax.py's Dropout (whose `rate` is the keep
+// probability: where(bernoulli(rng, keep, shape), x / keep, 0)) and flax's nn.Dropout: against
+// the host's x, every element is 0 or x / (1 - p), about 1 - p of them kept (within 5 standard
+// deviations of the binomial count), the same elements on one device and split over 8; p = 0
+// returns x, and other keys draw other masks. The kept elements are exactly those of
+// bernoulli(key, 1 - p, shape) (stax's and flax's mask; random::bernoulli is checked against
+// JAX's values in prng_test), so a mask with the same statistics drawn otherwise (kept where
+// uniform >= p) fails.
+TEST(Transformer, DropoutKeepsAboutOneMinusPScaledByItsInverse) {
+  const int64_t rows = 64, cols = 512, n = rows * cols;
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  HostArray x(DType::kF32, {rows, cols});
+  for (float& v : x.mutable_values<float>()) v = normal(rng) + 4.0f;  // none 0 in practice
+  // dropout(x, p, key) and, with `mask`, bernoulli(key, 1 - p, x.shape) as 0 / 1 instead.
+  auto run = [&](const Mesh& mesh, double p, uint32_t seed, bool mask = false) -> std::vector<double> {
+    const TreeJitted f = jit([p, mask](const std::vector<Tree<Value>>& in) {
+      const Value& xv = *in[0].find("");
+      const Value& key = *in[1].find("");
+      if (mask) {
+        return std::vector<Tree<Value>>{
+            where(random::bernoulli(key, 1.0 - p, xv.shape()), full({}, 1.0), full({}, 0.0))};
+      }
+      return std::vector<Tree<Value>>{dropout(xv, p, key)};
+    });
+    absl::StatusOr<Array> xa = client().device_put(x, NamedSharding(mesh, P(Axes{"data", "model"}, None)));
+    absl::StatusOr<Array> key =
+        client().device_put(HostArray::from_vector<uint32_t>({2}, {0, seed}), NamedSharding(mesh, P()));
+    EXPECT_TRUE(xa.ok() && key.ok()) << xa.status() << key.status();
+    if (!xa.ok() || !key.ok()) return {};
+    absl::StatusOr<std::vector<Tree<Array>>> out = f({Tree<Array>(*xa), Tree<Array>(*key)});
+    EXPECT_TRUE(out.ok()) << out.status();
+    absl::StatusOr<HostArray> y = out.ok() ? (*out)[0].find("")->fetch() : out.status();
+    EXPECT_TRUE(y.ok()) << y.status();
+    std::vector<double> v;
+    if (y.ok()) {
+      for (int64_t i = 0; i < y->size(); ++i) v.push_back(y->element_as_double(i));
+    }
+    return v;
+  };
+  const Mesh one = mesh_of(1, 1), eight = mesh_of(4, 2);
+  for (double p : {0.1, 0.3, 0.5}) {
+    SCOPED_TRACE(absl::StrCat("p ", p));
+    const std::vector<double> y = run(one, p, 9);
+    ASSERT_EQ(y.size(), static_cast<size_t>(n));
+    int64_t kept = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const double xi = x.values<float>()[i], want = static_cast<float>(xi / (1.0 - p));
+      if (y[i] != 0) {
+        ++kept;
+        ASSERT_NEAR(y[i], want, 1e-6 * std::abs(want)) << "element " << i;
+      }
+    }
+    const std::vector<double> keep = run(one, p, 9, /*mask=*/true);
+    ASSERT_EQ(keep.size(), static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(y[i] != 0, keep[i] == 1.0) << "element " << i << " against bernoulli";
+    const double mean = n * (1.0 - p), sd = std::sqrt(n * p * (1.0 - p));
+    EXPECT_NEAR(static_cast<double>(kept), mean, 5 * sd);
+    EXPECT_EQ(run(eight, p, 9), y) << "split over 8 devices";
+    EXPECT_NE(run(one, p, 10), y) << "another key";
+  }
+  const std::vector<double> same = run(eight, 0.0, 9);
+  ASSERT_EQ(same.size(), static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(same[i], x.values<float>()[i]) << "p 0, element " << i;
 }
 
 // ---- The host reference: the model's forward pass in double, by its definition ---------------
