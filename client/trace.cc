@@ -10,7 +10,6 @@
 #include "client/trace_state.h"
 #include "core/status.h"
 #include "tessera/mesh_context.h"
-#include "tessera/trace_error.h"
 
 namespace tessera {
 namespace internal {

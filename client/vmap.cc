@@ -175,18 +175,19 @@ absl::Status batch_nodes(TraceState* t, int start, int end, const BatchLayout& l
     // typed with those axes Auto (so a gather's Explicit rule does not see the batch's split);
     // the reshard after it (outside) puts the batch's axes back in front of its spec.
     const auto scope = t->typed_auto_axes.find(id);
-    std::vector<std::string> outer = scope == t->typed_auto_axes.end() ? std::vector<std::string>() : scope->second;
-    const bool rescoped = t->explicit_mesh.has_value() && outer != t->auto_axes;
+    // The node's scope now, the scope it is batched in (the outer one) after the swap.
+    std::vector<std::string> saved = scope == t->typed_auto_axes.end() ? std::vector<std::string>() : scope->second;
+    const bool rescoped = t->explicit_mesh.has_value() && saved != t->auto_axes;
     if (rescoped) {
       TESSERA_RETURN_IF_ERROR(t->type_new_nodes());  // the nodes made so far, in the scope they were made in
-      std::swap(outer, t->auto_axes);
+      std::swap(saved, t->auto_axes);
     }
     const bool in_out_sharding = !pinned.empty() && pinned[id];
     if (in_out_sharding) ++t->out_sharding_scopes;
     absl::StatusOr<Value> v = rule(BatchArgs{n, x, is_batched, *node_size, t, id, &batched, layout});
     const absl::Status typed = rescoped ? t->type_new_nodes() : absl::OkStatus();
     if (in_out_sharding) --t->out_sharding_scopes;
-    if (rescoped) t->auto_axes = std::move(outer);
+    if (rescoped) t->auto_axes = std::move(saved);
     if (!t->error.ok()) return t->error;
     TESSERA_RETURN_IF_ERROR(typed);
     if (!v.ok()) return v.status();

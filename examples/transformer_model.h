@@ -36,7 +36,6 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "tessera/tessera.h"
-#include "tessera/trace_error.h"
 
 namespace tessera::transformer {
 
@@ -162,8 +161,9 @@ inline Value dropout(const Value& x, double rate, const Value& key) {
 }
 
 // The stream the training steps' dropout keys come from: fold_in(seed key, kDropoutStream),
-// then fold_in(., step). init's keys are split(seed key, 17)[i] = fold_in(seed key, i) for the
-// parameters' indices 0..16, so the streams do not meet (DropoutStepKeysDifferFromEachOtherAndFromInits checks).
+// then fold_in(., step). init's keys are split(seed key, P)[i] = fold_in(seed key, i), one per
+// parameter (indices 0..P-1, P = param_infos' size, 17), so the streams do not meet
+// (DropoutStepKeysDifferFromEachOtherAndFromInits checks).
 constexpr int64_t kDropoutStream = 0x64726f70;  // "drop"
 
 class Model {

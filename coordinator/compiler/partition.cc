@@ -167,15 +167,13 @@ class ProgramPartitioner : public internal::PartitionContext {
       const int start = suffix.empty() ? internal::emit_kernel(*this, value_id, Op::kConstant, DType::kI32, {}, {},
                                                                ConstantAttrs{Scalar(0)})
                                        : internal::emit_block_start(*this, value_id, suffix, in[d], DType::kI32);
-      starts.push_back(
-          internal::emit_kernel(*this, value_id, Op::kBroadcastInDim, DType::kI32, {1}, {start}, BroadcastAttrs{}));
+      starts.push_back(start);
     }
     int term = slot;
     if (padded) {
       const int zeros =
           internal::emit_kernel(*this, value_id, Op::kConstant, value.dtype, out, {}, ConstantAttrs{Scalar(0)});
-      const int at = internal::emit_kernel(*this, value_id, Op::kConcatenate, DType::kI32,
-                                           {static_cast<int64_t>(starts.size())}, starts, ConcatAttrs{0});
+      const int at = internal::emit_start_vector(*this, value_id, starts, DType::kI32);
       term = internal::emit_kernel(*this, value_id, Op::kDynamicUpdateSlice, value.dtype, out, {zeros, term, at});
     }
     if (!once.empty()) term = internal::emit_first_device_term(*this, value_id, term, once, value.dtype, out);
@@ -291,6 +289,12 @@ int emit_first_device_term(PartitionContext& c, int id, int slot, const Axes& ax
   const int mask = emit_kernel(c, id, Op::kBroadcastInDim, DType::kBool, shape, {first}, BroadcastAttrs{});
   const int zeros = emit_kernel(c, id, Op::kConstant, dtype, shape, {}, ConstantAttrs{Scalar(0)});
   return emit_kernel(c, id, Op::kSelect, dtype, shape, {mask, slot, zeros});
+}
+
+int emit_start_vector(PartitionContext& c, int id, const std::vector<int>& scalars, DType dtype) {
+  std::vector<int> rows;
+  for (int s : scalars) rows.push_back(emit_kernel(c, id, Op::kBroadcastInDim, dtype, {1}, {s}, BroadcastAttrs{}));
+  return emit_kernel(c, id, Op::kConcatenate, dtype, {static_cast<int64_t>(rows.size())}, rows, ConcatAttrs{0});
 }
 
 int emit_block_start(PartitionContext& c, int id, const Axes& axes, int64_t block, DType dtype) {

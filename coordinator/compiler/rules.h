@@ -127,6 +127,9 @@ int emit_collective(PartitionContext& c, int id, const CollectiveSpec& spec, std
 // hold `block` elements: axis_index(axes) * block, a scalar of `dtype` (each device resolves
 // axis_index). REQUIRES: axes is not empty; dtype is numeric.
 int emit_block_start(PartitionContext& c, int id, const Axes& axes, int64_t block, DType dtype);
+// The start-index vector of a dynamic_slice or dynamic_update_slice: the scalar slots
+// `scalars` (one per dimension, of `dtype`) as a dtype[scalars.size()] value. Returns its slot.
+int emit_start_vector(PartitionContext& c, int id, const std::vector<int>& scalars, DType dtype);
 // The term of the value in `slot` (of `dtype` and local `shape`) in a sum pending over mesh
 // `axes` that counts it once: the value on the first device along them, zeros on the others.
 // Returns its slot.

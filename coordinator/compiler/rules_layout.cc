@@ -311,10 +311,9 @@ absl::Status partition_slice(PartitionContext& c, int id) {
       if (k == d) {
         at = emit_kernel(c, id, Op::kAdd, DType::kI64, {}, {emit_block_start(c, id, axes, w.step, DType::kI64), at});
       }
-      starts.push_back(emit_kernel(c, id, Op::kBroadcastInDim, DType::kI64, {1}, {at}, BroadcastAttrs{}));
+      starts.push_back(at);
     }
-    const int at =
-        emit_kernel(c, id, Op::kConcatenate, DType::kI64, {static_cast<int64_t>(rank)}, starts, ConcatAttrs{0});
+    const int at = emit_start_vector(c, id, starts, DType::kI64);
     std::vector<int> operands = {buffer, at};
     slot = emit_kernel(c, id, Op::kDynamicSlice, n.dtype, window, operands,
                        DynamicSliceAttrs{std::vector<int64_t>(window.begin(), window.end())});

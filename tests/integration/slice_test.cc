@@ -253,6 +253,11 @@ TEST_F(SliceTest, UnalignedSliceOfASplitDimensionExchangesHalosNotGathers) {
             const auto [left, right] = halos_of(c.start[d], c.limit[d], c.strides[d], dim, n);
             sides += (left > 0 ? 1 : 0) + (right > 0 ? 1 : 0);
           }
+          // Pinned by hand, not by slice_window: over 8 devices (blocks of 8), x[40:64] reaches
+          // 35 elements past device 0's block, beyond one hop.
+          if (absl::string_view(c.name) == "x[40:64]" && mesh.axis_names().size() == 1) {
+            EXPECT_TRUE(gathered);
+          }
           if (gathered) {
             EXPECT_THAT(f.as_text(), HasSubstr("all_gather")) << f.as_text();
             continue;

@@ -275,16 +275,17 @@ TEST(Transformer, DropoutStepWithoutItsKeyTreeFails) {
 }
 
 // The training steps' dropout keys (Model::step_dropout_key of the init key K and steps 1..8)
-// differ from each other and from init's 17 keys split(K, 17)[i] (= fold_in(K, i), JAX's
-// foldlike split): a key ignoring the step would draw the same masks every step, and one
+// differ from each other and from init's keys, one per parameter, split(K, P)[i] (= fold_in(K,
+// i), JAX's foldlike split): a key ignoring the step would draw the same masks every step, and one
 // without the kDropoutStream fold would be parameter s's init key at step s.
 TEST(Transformer, DropoutStepKeysDifferFromEachOtherAndFromInits) {
   constexpr int kKeySteps = 8;
+  const size_t params = param_infos(Config{}, Layout::kDp).size();  // init's keys
   const Mesh mesh = mesh_of(1, 1);
-  const TreeJitted keys = jit([](const std::vector<Tree<Value>>& in) {
+  const TreeJitted keys = jit([params](const std::vector<Tree<Value>>& in) {
     const Value& k = *in[0].find("");
     Tree<Value> out;
-    out.set("init", random::split(k, 17));
+    out.set("init", random::split(k, static_cast<int64_t>(params)));
     for (const auto& [name, step] : in[1]) out.set(name, Model::step_dropout_key(k, step));
     return std::vector<Tree<Value>>{out};
   });
@@ -306,14 +307,14 @@ TEST(Transformer, DropoutStepKeysDifferFromEachOtherAndFromInits) {
     const std::vector<uint32_t> v(a.values<uint32_t>().begin(), a.values<uint32_t>().end());
     ASSERT_EQ(v.size() % 2, 0u) << name;
     if (name == "init") {
-      ASSERT_EQ(v.size(), 34u);
-      for (size_t i = 0; i < 17; ++i) all.push_back({absl::StrCat("init key ", i), {v[2 * i], v[2 * i + 1]}});
+      ASSERT_EQ(v.size(), 2 * params);
+      for (size_t i = 0; i < params; ++i) all.push_back({absl::StrCat("init key ", i), {v[2 * i], v[2 * i + 1]}});
     } else {
       ASSERT_EQ(v.size(), 2u) << name;
       all.push_back({name, {v[0], v[1]}});
     }
   }
-  ASSERT_EQ(all.size(), 17u + kKeySteps);
+  ASSERT_EQ(all.size(), params + kKeySteps);
   for (size_t i = 0; i < all.size(); ++i) {
     for (size_t j = i + 1; j < all.size(); ++j) {
       if (!absl::StartsWith(all[i].first, "step") && !absl::StartsWith(all[j].first, "step")) continue;

@@ -1769,7 +1769,8 @@ TEST(KernelErrors, MismatchedOperandType) {
   EXPECT_EQ(run_kernel(transpose, {&other}).status(),
             absl::InvalidArgumentError("transpose: the operands (f32[4,3]) give f32[3,4] but the node is f32[4,3]"));
 
-  // Only the dtype differs (a select of f64 over f32 operands would read past their storage).
+  // Only the dtype differs: an add of f64 over f32 operands (a select so wrong would read past
+  // their storage).
   Node add64 = node_of(g, g.add_binary(Op::kAdd, g.add_parameter(DType::kF32, {2}), g.add_parameter(DType::kF32, {2})));
   add64.dtype = DType::kF64;
   const HostArray f2 = HostArray::zeros(DType::kF32, {2});

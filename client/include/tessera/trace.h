@@ -75,6 +75,18 @@ absl::StatusOr<Graph> trace(const TracedFunction& f, const std::vector<ArrayType
 absl::StatusOr<Graph> trace(const TracedFunction& f, const std::vector<ArrayType>& inputs,
                             const std::vector<NamedSharding>& input_shardings);
 
+// Fails the trace in progress on this thread from the traced function itself, the C++
+// counterpart of raising while JAX traces a Python function (a missing pytree entry, an option
+// the arguments do not support): records `status` unless the trace already has an error (the
+// first is kept, as for ops), so jit's call returns it; later ops record nothing. Does nothing
+// for an OK status or outside a trace.
+//
+//   if (in.size() < 4) {
+//     fail_trace(absl::InvalidArgumentError("train_step: dropout 0.1 needs a fourth tree"));
+//     return {};
+//   }
+void fail_trace(const absl::Status& status);
+
 // jax.typeof: a Value's dtype, shape and, in explicit mode, its sharding over the Explicit mesh
 // axes (one spec entry per dimension; Auto axes are not part of a type, as in JAX); to_string()
 // prints it as JAX does: "f32[16@data,8]", "f32[8@(X,Y),4]", "f32[16,8]" when not split. Inside
