@@ -390,15 +390,10 @@ TEST_F(AuthTest, CallersWithoutTheClustersCredentialAreRefusedEverywhere) {
     // "Listed every array".
     expect_error(unary(c.get(), &pb::Coordinator::Stub::GetClusterStatus, pb::GetClusterStatusRequest()),
                  grpc::StatusCode::UNAUTHENTICATED, why);
-    {
-      pb::RegisterWorkerRequest req;  // "registered a fake worker"
-      req.set_protocol_version(kProtocolVersion);
-      req.set_name("fake");
-      req.set_address("127.0.0.1:1");
-      req.set_requested_device_id(kFaultWorkers);
-      req.set_memory_bytes(1 << 30);
-      expect_error(unary(c.get(), &pb::Coordinator::Stub::RegisterWorker, req), grpc::StatusCode::UNAUTHENTICATED, why);
-    }
+    // "Registered a fake worker".
+    expect_error(
+        unary(c.get(), &pb::Coordinator::Stub::RegisterWorker, worker_request("fake", "127.0.0.1:1", kFaultWorkers)),
+        grpc::StatusCode::UNAUTHENTICATED, why);
     expect_error(unary(c.get(), &pb::Coordinator::Stub::DeleteArray, delete_array(x_->id())),
                  grpc::StatusCode::UNAUTHENTICATED, why);
     auto w = worker(0, nobody);
@@ -461,6 +456,16 @@ TEST_F(AuthTest, AnotherSessionCannotListReadOverwriteDeleteOrRunTheVictimsArray
     req.set_plan_id(executable);
     expect_error(unary(w.get(), &pb::Worker::Stub::LoadPlan, req), grpc::StatusCode::PERMISSION_DENIED,
                  "LoadPlan takes the daemon credential");
+  }
+  // Register a fake worker, or beat as a real one, with a client's credential: only daemons do.
+  expect_error(
+      unary(c.get(), &pb::Coordinator::Stub::RegisterWorker, worker_request("fake", "127.0.0.1:1", kFaultWorkers)),
+      grpc::StatusCode::PERMISSION_DENIED, "RegisterWorker takes the daemon credential");
+  {
+    pb::HeartbeatRequest beat;
+    beat.set_device_id(0);
+    expect_error(unary(c.get(), &pb::Coordinator::Stub::Heartbeat, beat), grpc::StatusCode::PERMISSION_DENIED,
+                 "Heartbeat takes the daemon credential");
   }
   {
     pb::ExecuteRequest req;
@@ -1049,13 +1054,8 @@ TEST_F(TlsTest, ClientsVerifyTheServersAndDaemonsProveThemselvesWithTheCertifica
   EXPECT_EQ(Client::connect(cluster_.address, plaintext).status().code(), absl::StatusCode::kDeadlineExceeded);
   // The cluster token over TLS but without the daemon certificate is no daemon.
   auto no_certificate = std::make_shared<CallIdentity>(credentials_.cluster, -1, credentials_.ca_pem);
-  pb::RegisterWorkerRequest req;
-  req.set_protocol_version(kProtocolVersion);
-  req.set_name("fake");
-  req.set_address("127.0.0.1:1");
-  req.set_memory_bytes(1 << 30);
   expect_error(unary(pb::Coordinator::NewStub(make_channel(cluster_.address, no_certificate)).get(),
-                     &pb::Coordinator::Stub::RegisterWorker, req),
+                     &pb::Coordinator::Stub::RegisterWorker, worker_request("fake", "127.0.0.1:1")),
                grpc::StatusCode::UNAUTHENTICATED, "without the cluster's daemon certificate");
 }
 
@@ -1117,13 +1117,8 @@ TEST_F(TlsTest, AWorkerCannotClaimAnotherDevicesId) {
   EXPECT_EQ(stats.collective_messages_pending(), 0);
 
   // RegisterWorker and Heartbeat as device 3 with device 2's certificate.
-  pb::RegisterWorkerRequest req;
-  req.set_protocol_version(kProtocolVersion);
-  req.set_name("impostor");
-  req.set_address("127.0.0.1:1");
-  req.set_requested_device_id(3);
-  req.set_memory_bytes(1 << 30);
-  expect_error(unary(coordinator(as_device_2(-1)).get(), &pb::Coordinator::Stub::RegisterWorker, req),
+  expect_error(unary(coordinator(as_device_2(-1)).get(), &pb::Coordinator::Stub::RegisterWorker,
+                     worker_request("impostor", "127.0.0.1:1", 3)),
                grpc::StatusCode::PERMISSION_DENIED,
                "RegisterWorker: the caller claims device 3 but its certificate is device 2's");
   pb::HeartbeatRequest beat;

@@ -55,12 +55,8 @@ class RawWorkerCalls {
 
   // Registers device `device` under `name` (the same name again: a new incarnation).
   pb::RegisterWorkerReply register_device(int device, const std::string& name) {
-    pb::RegisterWorkerRequest req;
-    req.set_protocol_version(kProtocolVersion);
-    req.set_name(name);
-    req.set_address("127.0.0.1:1");  // never called: these devices are in no mesh
-    req.set_requested_device_id(device);
-    req.set_memory_bytes(int64_t{1} << 30);
+    // 127.0.0.1:1 is never called: these devices are in no mesh.
+    const pb::RegisterWorkerRequest req = worker_request(name, "127.0.0.1:1", device);
     pb::RegisterWorkerReply reply;
     grpc::ClientContext ctx;
     set_deadline(&ctx, absl::Seconds(10));

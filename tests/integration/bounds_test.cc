@@ -219,12 +219,7 @@ TEST_F(BoundsTest, RequestLimitsNameTheLimit) {
   }
   // Junk registrations.
   {
-    pb::RegisterWorkerRequest junk;
-    junk.set_protocol_version(kProtocolVersion);
-    junk.set_name("junk");
-    junk.set_address("not an address");
-    junk.set_requested_device_id(2147483647);
-    junk.set_memory_bytes(1 << 20);
+    pb::RegisterWorkerRequest junk = worker_request("junk", "not an address", 2147483647, 1 << 20);
     grpc::ClientContext ctx;
     set_deadline(&ctx, absl::Seconds(10));
     pb::RegisterWorkerReply reply;

@@ -11,6 +11,7 @@
 #include "proto/rpc.h"
 #include "proto/tessera.grpc.pb.h"
 #include "tessera/tessera.h"
+#include "tests/support/exchange_stream.h"
 
 namespace tessera {
 namespace {
@@ -207,11 +208,8 @@ TEST_F(WireValidationTest, HandshakeWithAnotherProtocolVersion) {
 TEST_F(WireValidationTest, RegisterWorkerWithAnotherProtocolVersion) {
   grpc::ClientContext ctx;
   set_deadline(&ctx, absl::Seconds(10));
-  pb::RegisterWorkerRequest req;
+  pb::RegisterWorkerRequest req = worker_request("w", "127.0.0.1:1", -1, 1);
   req.set_protocol_version(0);
-  req.set_name("w");
-  req.set_address("127.0.0.1:1");
-  req.set_memory_bytes(1);
   pb::RegisterWorkerReply reply;
   expect_error(coordinator_->RegisterWorker(&ctx, req, &reply), grpc::StatusCode::FAILED_PRECONDITION,
                {"version 0", "127.0.0.1:1"});

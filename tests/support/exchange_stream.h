@@ -1,7 +1,8 @@
 // A forger's Exchange streams into a worker, for the tests of its checks: it holds the
 // cluster token and declares whatever sender it likes (device, coordinator epoch,
 // incarnation), as an insider or a stale process could; what the worker answers is what the
-// drills check (docs/design.md, "Security").
+// drills check (docs/design.md, "Security"). Also the RegisterWorkerRequest a fake worker
+// sends the coordinator (`worker_request`).
 //
 //   absl::StatusOr<pb::HandshakeReply> r = worker_registration(address, credentials.client);
 //   grpc::Status s = exchange_stream(address, credentials.cluster, {2, r->epoch(), 1}, messages);
@@ -68,6 +69,19 @@ inline grpc::Status exchange_stream(const std::string& address, const std::strin
                                     const std::vector<pb::ExchangeMessage>& messages) {
   auto stub = pb::Worker::NewStub(make_channel(address, std::make_shared<CallIdentity>(token, sender.device)));
   return exchange_stream(stub.get(), sender, messages);
+}
+
+// A RegisterWorkerRequest as a worker of this protocol sends it: `name` at `address` asking for
+// device `device` (-1: any free id) with `memory_bytes` of memory.
+inline pb::RegisterWorkerRequest worker_request(const std::string& name, const std::string& address, int device = -1,
+                                                int64_t memory_bytes = int64_t{1} << 30) {
+  pb::RegisterWorkerRequest req;
+  req.set_protocol_version(kProtocolVersion);
+  req.set_name(name);
+  req.set_address(address);
+  req.set_requested_device_id(device);
+  req.set_memory_bytes(memory_bytes);
+  return req;
 }
 
 }  // namespace tessera
