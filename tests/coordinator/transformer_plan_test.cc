@@ -354,5 +354,80 @@ TEST(TransformerPlan, FsdpTpReduceScattersEachLoopIterationsGradientsAsOne) {
   EXPECT_EQ(reduce_scatters(program), 1) << step.exe->as_text();
 }
 
+// tp on (4, 2) is Megatron over 'model' with the batch over 'data' (n = 4, m = 2), every
+// collective counted by hand (nccl-tests' convention, as collective_bytes_per_device: an
+// all_reduce over k devices moves 2(k-1)/k of its bytes):
+//   forward, per layer: the attention block's and the MLP block's outputs, each all-reduced
+//     over 'model' once ((B/n, T, D): Megatron's g), and nothing else;
+//   backward, per layer: the two layer norms' input cotangents all-reduced over 'model'
+//     ((B/n, T, D), each with the norm's (B/n, T) row sum of its partial products, as in
+//     FsdpTpLoopsMoveTheHandCountWithTheLayerNormsReduceScattered), and each stacked gradient
+//     summed over the data-parallel axis 'data': a leaf split over 'model' holds its own block
+//     (over 'data' alone), the layer norms' scales and biases feed column-split matmuls, so their
+//     gradients are partial over 'model' too (over both: k = n * m), and the MLP's output bias
+//     is added after the row-split matmul's all-reduce, so its gradient is already whole over
+//     'model' (over 'data' alone);
+//   outside the loops: the unstacked gradients (embeddings, output projection, final norm) and
+//     the mean loss over 'data', and over 'model' only scalars (each 'model'-split gradient's
+//     partial sum of squares for the global norm).
+TEST(TransformerPlan, TpMovesMegatronsAllReducesAndTheDataParallelGradientsOnly) {
+  const Config c = small();
+  const Mesh mesh = mesh_4x2();
+  const Step step = compile_step(c, Layout::kTp, mesh);
+  ASSERT_TRUE(step.exe.has_value());
+  const Executable& exe = *step.exe;
+  const std::string text = exe.as_text();
+  const int64_t n = mesh.axis_size("data"), m = mesh.axis_size("model"), f32 = 4;
+  const int64_t rows = c.batch / n * c.seq;
+  int64_t per_layer = 2 * 2 * (m - 1) * rows * c.d_model * f32 / m;  // forward: attention, MLP outputs
+  per_layer += 2 * 2 * (m - 1) * rows * (c.d_model + 1) * f32 / m;   // backward: the norms' inputs
+  int64_t unstacked = 1;                                             // the mean loss
+  for (const auto& [name, info] : param_infos(c, Layout::kTp)) {
+    if (!stacked(name)) {
+      unstacked += num_elements(info.shape);
+      continue;
+    }
+    int64_t use = 1;  // elements of one layer's row on a device
+    for (size_t d = 1; d < info.shape.size(); ++d) use *= info.shape[d];
+    const PartitionSpec stored = storage_spec(c, Layout::kTp, mesh, name);
+    bool over_model = false;
+    for (int d = 0; d < stored.size(); ++d) {
+      for (const std::string& axis : stored.axes(d)) over_model = over_model || axis == "model";
+    }
+    if (over_model) {
+      per_layer += 2 * (n - 1) * (use / m) * f32 / n;
+    } else if (absl::StartsWith(name, "layers.ln")) {
+      per_layer += 2 * (n * m - 1) * use * f32 / (n * m);
+    } else {
+      per_layer += 2 * (n - 1) * use * f32 / n;
+    }
+  }
+  EXPECT_EQ(in_loop_bytes(exe), c.layers * per_layer) << text;
+  for (const Instruction& l : exe.program.code) {
+    if (l.kind != Instruction::Kind::kLoop) continue;
+    std::vector<const Instruction*> collectives;
+    collectives_of(*l.body, &collectives);
+    for (const Instruction* i : collectives) EXPECT_EQ(i->collective.kind, CollectiveKind::kAllReduce) << text;
+    if (l.reverse) continue;
+    ASSERT_EQ(collectives.size(), 2u) << text;  // the forward loop: Megatron's two
+    for (const Instruction* i : collectives) {
+      EXPECT_THAT(i->axes, ::testing::ElementsAre("model")) << text;
+      EXPECT_EQ(i->node.shape, (Shape{c.batch / n, c.seq, c.d_model})) << text;
+    }
+  }
+  int64_t over_data = 0;
+  for (const Instruction& i : exe.program.code) {
+    if (i.kind != Instruction::Kind::kCollective) continue;
+    EXPECT_EQ(i.collective.kind, CollectiveKind::kAllReduce) << text;
+    if (i.axes == std::vector<std::string>{"data"}) {
+      over_data += num_elements(i.node.shape);
+    } else {
+      EXPECT_THAT(i.axes, ::testing::ElementsAre("model")) << text;
+      EXPECT_LT(num_elements(i.node.shape), c.d_model) << text;
+    }
+  }
+  EXPECT_EQ(over_data, unstacked) << text;
+}
+
 }  // namespace
 }  // namespace tessera::transformer
