@@ -622,6 +622,14 @@ absl::StatusOr<Array> Client::device_put(const Array& x, const NamedSharding& sh
                                  state.client, state.buffers, state.dtype, state.shape, state.sharding));
   }
   if (sharding.mesh() == x.sharding().mesh()) return internal::relayout_on_mesh(x, sharding);
+  if (sharding.spec().has_unreduced_or_reduced() && !x.sharding().spec().has_unreduced_or_reduced()) {
+    // Onto an unreduced or reduced spec of another mesh (JAX: jnp.arange(4) then device_put(.,
+    // P(unreduced={'x'})), pjit_test.py test_device_put_unreduced_via_jit): the blocks move as
+    // the spec's partitions say, then the cast runs on that mesh (the compiler's kUnreduce).
+    TESSERA_ASSIGN_OR_RETURN(Array moved,
+                             device_put(x, NamedSharding(sharding.mesh(), sharding.spec().partitions_only())));
+    return internal::relayout_on_mesh(moved, sharding);
+  }
   if (sharding.spec().has_unreduced_or_reduced() || x.sharding().spec().has_unreduced_or_reduced()) {
     return absl::UnimplementedError(
         absl::StrCat("device_put: from ", x.sharding().spec().to_string(), " on ", x.sharding().mesh().to_string(),
@@ -652,12 +660,15 @@ absl::StatusOr<Array> Client::device_put(const Array& x, const NamedSharding& sh
 
 absl::StatusOr<Array> Client::device_put(const HostView& host, const NamedSharding& sharding) const {
   TESSERA_RETURN_IF_ERROR(validate_view(host.dtype, host.shape, host.data, "device_put"));
-  // A reduced spec is laid out as its partitions say (replicated over the reduced axes).
+  // A reduced spec is laid out as its partitions say (replicated over the reduced axes). An
+  // unreduced one as JAX's device_put (dispatch.py: a jit resharding onto it; pjit_test.py
+  // test_device_put_unreduced_via_jit): the value on the first device along the unreduced axes
+  // and zeros on the others, so the terms sum to it: placed as the partitions say, then the
+  // cast on the mesh (the compiler's kUnreduce).
   if (!sharding.spec().unreduced().empty()) {
-    return absl::UnimplementedError(
-        absl::StrCat("device_put: ", sharding.spec().to_string(),
-                     ": a host array is placed whole; Tessera makes unreduced arrays only as a contraction's partial "
-                     "sums (dot_general/matmul/einsum with out_sharding=P(..., unreduced={...}))"));
+    TESSERA_ASSIGN_OR_RETURN(Array whole,
+                             device_put(host, NamedSharding(sharding.mesh(), sharding.spec().with_unreduced({}))));
+    return internal::relayout_on_mesh(whole, sharding);
   }
   // The memory of arrays dropped before is free first (a failure was logged and counted).
   impl_->flush_deletes().IgnoreError();

@@ -816,6 +816,21 @@ def _contraction_split_over_y(seed):
   return a, b, reshard(a, P(None, "Y")), reshard(b, P("Y", None))
 
 
+def test_device_put_unreduced_via_jit_as_jax():
+  # JAX's tests/pjit_test.py test_device_put_unreduced_via_jit: jnp.arange(4) (uncommitted)
+  # put onto P(unreduced={'x'}) of a (2,) Explicit mesh holds the value on the first device and
+  # zeros on the second; numpy data likewise; resharded to P() it is the value again.
+  mesh = jax.make_mesh((2,), ("x",), axis_types=(AxisType.Explicit,))
+  with set_mesh(mesh):
+    for arr in (jnp.arange(4), np.arange(4, dtype=np.int32)):
+      out = jax.device_put(arr, P(unreduced={"x"}))
+      assert jax.typeof(out).sharding.spec.unreduced == {"x"}
+      shards = sorted(out.addressable_shards, key=lambda s: list(mesh.device_ids.flat).index(s.device.id))
+      for s, ex_s in zip(shards, [np.arange(4), np.zeros((4,))]):
+        np.testing.assert_array_equal(s.data, ex_s)
+      np.testing.assert_array_equal(np.asarray(reshard(out, P())), np.arange(4))
+
+
 def test_unreduced_contraction_as_the_sharding_ad_note(xy):
   with set_mesh(xy):
     a, b, A, B = _contraction_split_over_y(7)

@@ -817,9 +817,42 @@ TEST_F(ExplicitJitTest, UnreducedOperandsOfOtherOpsAreRefused) {
                 return reshard(matmul(x, w, unreduced), P(None, None).with_unreduced({"X"}));
               }),
               HasSubstr("makes an unreduced value from one unreduced over {'Y'}"));
-  // A host array is placed whole.
-  absl::StatusOr<Array> put = client_->device_put(a, NamedSharding(mesh, unreduced));
-  EXPECT_EQ(put.status().code(), absl::StatusCode::kUnimplemented);
+}
+
+// device_put onto an unreduced spec as JAX's (jax/_src/dispatch.py: a jit resharding onto it):
+// each block's value on the first device along the unreduced axes and zeros on the others, so
+// the terms sum to the array. tests/pjit_test.py test_device_put_unreduced_via_jit: on a mesh
+// (2,) 'x', jnp.arange(4) (an uncommitted array) put onto P(unreduced={'x'}) holds [0, 1, 2, 3]
+// on the first device and zeros on the second; a host array likewise; and on (4, 2) a block
+// split over 'X' and unreduced over 'Y'.
+TEST_F(ExplicitJitTest, DevicePutOntoAnUnreducedSpecPutsTheValueOnTheFirstDeviceAlongItAsJax) {
+  absl::StatusOr<Mesh> line = client_->make_mesh({2}, {"x"}, {0, 1}, {AxisType::kExplicit});
+  ASSERT_TRUE(line.ok()) << line.status();
+  // Each shard of `put` is its block of `host` on the first device along the unreduced axis
+  // (position 0: even device ids on both meshes here) and zeros elsewhere; summed, `host`.
+  auto check = [&](const absl::StatusOr<Array>& put, const HostArray& host, const std::string& type) {
+    ASSERT_TRUE(put.ok()) << put.status();
+    EXPECT_EQ(type_of(*put).to_string(), type);
+    for (const Shard& shard : put->addressable_shards()) {
+      absl::StatusOr<HostArray> block = shard.data();
+      ASSERT_TRUE(block.ok()) << block.status();
+      HostArray want = extract_block(host, shard.index());
+      if (shard.device_id() % 2 != 0) want = HostArray::zeros(want.dtype(), want.shape());
+      EXPECT_TRUE(*block == want) << "device " << shard.device_id() << " block " << index_to_string(shard.index());
+    }
+    absl::StatusOr<Array> summed = reshard(*put, NamedSharding(put->sharding().mesh(), P()));
+    ASSERT_TRUE(summed.ok()) << summed.status();
+    EXPECT_TRUE(fetch(*summed) == host);
+  };
+  const HostArray four = HostArray::arange(DType::kF32, {4});
+  const NamedSharding unreduced(*line, P().with_unreduced({"x"}));
+  check(client_->device_put(four, unreduced), four, "f32[4]{U:x}");
+  absl::StatusOr<Array> uncommitted = client_->array(four);
+  ASSERT_TRUE(uncommitted.ok()) << uncommitted.status();
+  check(client_->device_put(*uncommitted, unreduced), four, "f32[4]{U:x}");
+  const HostArray a = random_f32({8, 3}, 45);
+  check(client_->device_put(a, NamedSharding(explicit_mesh(), P("X", None).with_unreduced({"Y"}))), a,
+        "f32[8@X,3]{U:Y}");
 }
 
 // Reduced types (issue 16 item 2; JAX's docs/new_docs/301/sharding-ad.md): a value typed
