@@ -924,7 +924,7 @@ class CoordinatorServerImpl final : public CoordinatorServer {
     }
     update_health();
     service_.set_address(address());
-    monitor_ = std::thread([this] { monitor_loop(); });
+    start_monitor();
     // Lapsed leases are reaped at a tenth of the lease (at most every second), off the monitor:
     // the deletions wait for the workers.
     const absl::Duration reap_every = std::clamp(options_.lease_timeout / 10, absl::Milliseconds(10), absl::Seconds(1));
@@ -962,30 +962,33 @@ class CoordinatorServerImpl final : public CoordinatorServer {
       server_.reset();
     }
     if (!stopping_.HasBeenNotified()) stopping_.Notify();
-    if (monitor_.joinable()) monitor_.join();
+    service_.driver().stop_monitor();
     if (reaper_.joinable()) reaper_.join();
     service_.close_plan_streams();
   }
 
  private:
-  // Marks silent workers lost and fails the executions waiting for them; checks four times
-  // per heartbeat interval.
-  void monitor_loop() {
-    while (!stopping_.WaitForNotificationWithTimeout(options_.heartbeat_interval / 4)) {
+  // The execution driver's monitor, four ticks per heartbeat interval, with this server's steps
+  // around the driver's checks: silent workers marked lost (before the watch, which fails
+  // their executions naming them), their channels evicted, the heap trimmed, health updated.
+  void start_monitor() {
+    ExecutionDriver::MonitorSteps steps;
+    steps.before_watch = [this] {
       for (int id : service_.registry().mark_lost(absl::Now())) {
         std::optional<DeviceRecord> d = service_.registry().device(id);
         std::fprintf(stderr, "tessera-coordinator: %s missed heartbeats for %s; marked lost\n",
                      describe_device(id, d ? d->address : "?").c_str(),
                      absl::FormatDuration(options_.heartbeat_timeout).c_str());
       }
-      service_.driver().watch_executions();
-      // After the watch, which fails the executions of devices just marked lost naming them.
-      service_.evict_worker_channels();
-      service_.driver().expire_awaited_calls();
+    };
+    // After the watch, which fails the executions of devices just marked lost naming them.
+    steps.after_watch = [this] { service_.evict_worker_channels(); };
+    steps.after = [this] {
       // Evicted programs' pages back to the kernel (core/heap.h): off the RPC threads.
       service_.programs().heap().trim_if_released();
       update_health();
-    }
+    };
+    service_.driver().start_monitor(options_.heartbeat_interval / 4, std::move(steps));
   }
 
   // Ready while the expected devices are alive; a change is logged.
@@ -1007,8 +1010,7 @@ class CoordinatorServerImpl final : public CoordinatorServer {
   int port_ = 0;                                  // 0 in process
   std::unique_ptr<InProcessAddress> in_process_;  // options_.in_process: server_'s address
   std::string address_;                           // set once in init()
-  absl::Notification stopping_;
-  std::thread monitor_;
+  absl::Notification stopping_;                   // the reaper's
   std::thread reaper_;
 };
 

@@ -147,6 +147,26 @@ void ExecutionDriver::publish_running(const CallKey& key, const std::shared_ptr<
   for (auto& w : waiters) w(nullptr, e);
 }
 
+void ExecutionDriver::start_monitor(absl::Duration tick, MonitorSteps steps) {
+  monitor_ = std::thread([this, tick, steps = std::move(steps)] {
+    auto run = [](const std::function<void()>& step) {
+      if (step) step();
+    };
+    while (!monitor_stopping_.WaitForNotificationWithTimeout(tick)) {
+      run(steps.before_watch);
+      watch_executions();
+      run(steps.after_watch);
+      expire_awaited_calls();
+      run(steps.after);
+    }
+  });
+}
+
+void ExecutionDriver::stop_monitor() {
+  if (!monitor_stopping_.HasBeenNotified()) monitor_stopping_.Notify();
+  if (monitor_.joinable()) monitor_.join();
+}
+
 void ExecutionDriver::expire_awaited_calls() {
   std::vector<std::pair<CallKey, std::vector<CallWaiter>>> expired;
   const absl::Time now = absl::Now();

@@ -4,7 +4,9 @@
 // the gRPC thread that delivered it. A call naming outputs of calls still in flight
 // (pending_inputs) waits, without a thread, in the call table until they were sent. The
 // monitor thread (watch_executions, expire_awaited_calls) fails executions whose member was
-// lost or whose deadline passed, and calls awaited too long.
+// lost or whose deadline passed, and calls awaited too long; it is the driver's
+// (start_monitor, stop_monitor), and runs between its checks the steps of the tick that are
+// others' (MonitorSteps: the registry's heartbeats, the worker channels, the heap, health).
 //
 // Locks: calls_mu_ guards the call table; executions_mu_ the running executions; each
 // Execution's mu its progress and waiters. Order: calls_mu_ and executions_mu_ are never
@@ -12,7 +14,8 @@
 // (finish_execution). No lock is held while a waiter, a stream's run or cancel, or a gRPC
 // Finish is called: each collects under its lock and acts after releasing it. Nothing here
 // blocks on the gRPC callback thread that calls it, except prepare_execution's reads of the
-// registry (short locks); loading plans blocks, on a thread of plan_loads_.
+// registry (short locks); loading plans blocks, on a thread of plan_loads_. The monitor thread
+// holds no lock of the driver while it runs a MonitorSteps step.
 //
 //   driver.arrive_call(key);
 //   driver.start_execution(key, caller, req, reactor, reply, {}, frees);   // never blocks
@@ -26,6 +29,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -33,6 +37,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "coordinator/fan_out.h"
 #include "coordinator/plan_stream.h"
@@ -111,6 +116,23 @@ class ExecutionDriver {
         channels_(channels),
         auth_(auth),
         plan_loads_("first calls loading their plans (max_plan_loads)", std::max(1, max_plan_loads)) {}
+  ~ExecutionDriver() { stop_monitor(); }
+
+  // What a tick of the monitor does that is not the driver's, in the tick's order:
+  //   before_watch();  watch_executions();  after_watch();  expire_awaited_calls();  after();
+  // (e.g. the registry marks silent workers lost before the watch, so the watch fails their
+  // executions naming them). Each may be empty; none may call stop_monitor.
+  struct MonitorSteps {
+    std::function<void()> before_watch;
+    std::function<void()> after_watch;
+    std::function<void()> after;
+  };
+  // Starts the monitor thread: a tick every `tick`, the first one `tick` after the start, until
+  // stop_monitor. Once per driver. `steps` must stay valid until stop_monitor returns.
+  void start_monitor(absl::Duration tick, MonitorSteps steps);
+  // Ends the monitor (the tick under way finishes first) and joins it. Idempotent; the
+  // destructor calls it.
+  void stop_monitor();
 
   // Checks `req` and runs it (its inputs all exist, or are outputs of `producers`, whose runs
   // were sent): the reply goes when every device answered, or at once with an error. Never
@@ -238,6 +260,10 @@ class ExecutionDriver {
   absl::Mutex executions_mu_;
   // The executions whose RunPlans are in flight, by id.
   absl::flat_hash_map<uint64_t, std::shared_ptr<Execution>> executions_ ABSL_GUARDED_BY(executions_mu_);
+
+  // The monitor (start_monitor): joined by stop_monitor, which the destructor calls first.
+  absl::Notification monitor_stopping_;
+  std::thread monitor_;
 
   // Last: its threads use everything above, and its destructor joins them.
   ThreadPool plan_loads_;

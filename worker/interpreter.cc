@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "core/slicing.h"
 #include "core/status.h"
 #include "worker/collectives/engine.h"
@@ -80,6 +81,23 @@ namespace {
 
 using Arrays = std::vector<std::shared_ptr<const HostArray>>;
 
+// Whether `run` has been given up on: CANCELLED once its `cancelled` says so, DEADLINE_EXCEEDED
+// once its deadline has passed, OK otherwise. One call and one clock read (none without a
+// deadline): cheap beside a kernel, so it is asked before each instruction that computes and
+// each loop iteration (a straight-line plan of heavy kernels ends too, not only a loop).
+absl::StatusCode given_up(const PlanRun& run) {
+  if (run.cancelled && run.cancelled()) return absl::StatusCode::kCancelled;
+  if (run.deadline != absl::Time() && absl::Now() > run.deadline) return absl::StatusCode::kDeadlineExceeded;
+  return absl::StatusCode::kOk;
+}
+
+// given_up's `code` as an error, `where` (" at iteration 3 of 10") naming where it was seen.
+absl::Status given_up_error(absl::StatusCode code, absl::string_view where) {
+  return absl::Status(
+      code, absl::StrCat(code == absl::StatusCode::kCancelled ? "the run was cancelled" : "the run's deadline passed",
+                         where));
+}
+
 absl::StatusOr<Arrays> run_plan_at(const DevicePlan& plan, Arrays inputs, Transport& transport, const PlanRun& run,
                                    uint64_t first_op);
 
@@ -115,12 +133,8 @@ absl::StatusOr<Arrays> run_loop(const Instruction& inst, const std::vector<const
   }
   const uint64_t span = plan_op_span(body);
   for (int64_t t = 0; t < inst.trip_count; ++t) {
-    if (run.cancelled && run.cancelled()) {
-      return absl::CancelledError(absl::StrCat("the run was cancelled at iteration ", t, " of ", inst.trip_count));
-    }
-    if (run.deadline != absl::Time() && absl::Now() > run.deadline) {
-      return absl::DeadlineExceededError(
-          absl::StrCat("the run's deadline passed at iteration ", t, " of ", inst.trip_count));
+    if (const absl::StatusCode code = given_up(run); code != absl::StatusCode::kOk) {
+      return given_up_error(code, absl::StrCat(" at iteration ", t, " of ", inst.trip_count));
     }
     const int64_t row = inst.reverse ? inst.trip_count - 1 - t : t;
     Arrays args = carry;
@@ -188,12 +202,8 @@ absl::StatusOr<Arrays> run_while(const Instruction& inst, Arrays carry, Transpor
   const DevicePlan& pred = *inst.branches[0];
   const uint64_t pred_span = plan_op_span(pred), span = pred_span + plan_op_span(*inst.body);
   for (int64_t t = 0;; ++t) {
-    if (run.cancelled && run.cancelled()) {
-      return absl::CancelledError(absl::StrCat("the run was cancelled at iteration ", t, " of a while loop"));
-    }
-    if (run.deadline != absl::Time() && absl::Now() > run.deadline) {
-      return absl::DeadlineExceededError(
-          absl::StrCat("the run's deadline passed at iteration ", t, " of a while loop"));
+    if (const absl::StatusCode code = given_up(run); code != absl::StatusCode::kOk) {
+      return given_up_error(code, absl::StrCat(" at iteration ", t, " of a while loop"));
     }
     const uint64_t at = first_op + static_cast<uint64_t>(t) * span;
     absl::StatusOr<Arrays> p = run_plan_at(pred, carry, transport, run, at);
@@ -291,6 +301,16 @@ SteppedPlanRun::State SteppedPlanRun::advance(const ParkFn& park) {
     const uint64_t this_op = op_;
     if (park && (inst.kind == Instruction::Kind::kLoop || inst.kind == Instruction::Kind::kSwitch)) {
       return State::kNeedsThread;  // its body may wait
+    }
+    // Given up on (cancelled, or past its deadline): stop before the next instruction that
+    // computes, not only at a loop's next iteration or a collective's wait. Not before a free
+    // (bookkeeping, not worth a clock read), nor when resuming a parked collective (it watches
+    // both itself while it waits).
+    if (inst.kind != Instruction::Kind::kFree && collective_ == nullptr) {
+      if (const absl::StatusCode code = given_up(run_); code != absl::StatusCode::kOk) {
+        fail(inst, given_up_error(code, " before it ran"));
+        return State::kDone;
+      }
     }
     std::vector<const HostArray*>& in = operands_;  // reused: no allocation per instruction
     in.clear();

@@ -139,6 +139,75 @@ TEST(Interpreter, InputsSomeoneElseHoldsAreNeverWritten) {
   }
 }
 
+// Issue #17 ("Smaller": no cancellation check between kernels). A plan of `kernels` doublings,
+// s[k + 1] = s[k] + s[k], with no loop and no collective: nothing but the per-instruction check
+// asks its run's `cancelled` or reads its deadline.
+DevicePlan doubling_plan(int64_t n, int kernels) {
+  DevicePlan plan;
+  plan.num_slots = kernels + 1;
+  plan.input_slots = {0};
+  plan.output_slots = {kernels};
+  for (int k = 0; k < kernels; ++k) {
+    Instruction i;
+    i.out = k + 1;
+    i.in = {k, k};
+    i.node.op = Op::kAdd;
+    i.node.dtype = DType::kF32;
+    i.node.shape = {n};
+    i.node.operands = i.in;
+    plan.code.push_back(std::move(i));
+  }
+  return plan;
+}
+
+absl::StatusOr<std::vector<std::shared_ptr<const HostArray>>> run_doublings(const DevicePlan& plan,
+                                                                            const PlanRun& run) {
+  Transport transport;
+  std::vector<std::shared_ptr<const HostArray>> inputs;
+  inputs.push_back(std::make_shared<const HostArray>(HostArray::ones(DType::kF32, {1000})));
+  return run_plan(plan, std::move(inputs), transport, run);
+}
+
+// Cancelled once the first kernel has run, the run stops before the second: `cancelled` is
+// asked once per kernel (the first answer false, the second true), no result appears, and the
+// error is CANCELLED naming the instruction. Not cancelled, the same plan asks once per kernel
+// and gives 2^4 everywhere (the host's 1 doubled four times).
+TEST(Interpreter, ACancelledStraightLinePlanStopsBeforeItsNextKernel) {
+  const DevicePlan plan = doubling_plan(1000, 4);
+  int asked = 0;
+  PlanRun run;
+  run.cancelled = [&asked] { return ++asked > 1; };
+  absl::StatusOr<std::vector<std::shared_ptr<const HostArray>>> out = run_doublings(plan, run);
+  EXPECT_EQ(asked, 2) << "asked before kernel 0 (false: it ran) and kernel 1 (true: it did not)";
+  ASSERT_FALSE(out.ok()) << "the cancelled plan ran to its end";
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kCancelled) << out.status();
+  EXPECT_EQ(out.status().message(), "instruction 1 (add): the run was cancelled before it ran");
+
+  asked = 0;
+  run.cancelled = [&asked] { return ++asked > 4; };  // never true while the plan runs
+  out = run_doublings(plan, run);
+  EXPECT_EQ(asked, 4);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(*(*out)[0], HostArray::from_vector<float>({1000}, std::vector<float>(1000, 16.0f)));
+}
+
+// A run whose deadline has passed runs no kernel: DEADLINE_EXCEEDED naming the first. With
+// its deadline ahead, the same plan runs to its result.
+TEST(Interpreter, AStraightLinePlanPastItsDeadlineRunsNoKernel) {
+  const DevicePlan plan = doubling_plan(1000, 4);
+  PlanRun run;
+  run.deadline = absl::Now() - absl::Milliseconds(1);
+  absl::StatusOr<std::vector<std::shared_ptr<const HostArray>>> out = run_doublings(plan, run);
+  ASSERT_FALSE(out.ok()) << "the plan ran past its deadline";
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kDeadlineExceeded) << out.status();
+  EXPECT_EQ(out.status().message(), "instruction 0 (add): the run's deadline passed before it ran");
+
+  run.deadline = absl::Now() + absl::Seconds(60);
+  out = run_doublings(plan, run);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(*(*out)[0], HostArray::from_vector<float>({1000}, std::vector<float>(1000, 16.0f)));
+}
+
 // reduce_into against a plain loop, for every dtype and op, with the input deliberately
 // misaligned (as data straight from the wire can be).
 template <typename T>
