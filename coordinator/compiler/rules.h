@@ -170,15 +170,21 @@ DimMap identity_map(const Graph& g, const Node& n);
 // slice (spmd_partitioner_util.cc: ReshardDataForSlicing, ExchangeHaloAndGetValidData). Device
 // p's b elements lie in the window [off(p), off(p) + width) of its own block's coordinates,
 // off(p) = first + p * step, read with the slice's stride; width = (b - 1) * stride + 1. The
-// window reaches at most `max_left` elements into the previous device's block and `max_right`
-// into the next one's (0: none).
+// window reads left[p] elements of the previous device's block and right[p] of the next one's
+// (max_left, max_right: their largest; 0: none). A window may reach outside the dimension (a
+// negative start, a limit past dim): that is a padding of the operand, as a concatenate
+// [fill, x, fill] reads x (partition_concatenate), and pad_left / pad_right say how far the
+// windows' elements reach before the first element and past the last (0 for a slice); the
+// halos count the operand's elements only.
 struct SliceWindow {
-  int64_t first, step, width, max_left, max_right;
+  int64_t first = 0, step = 0, width = 0, max_left = 0, max_right = 0, pad_left = 0, pad_right = 0;
+  std::vector<int64_t> left, right;  // per device
 };
 // The window of slice `s` on dimension d when keeping the split there is possible and cheaper
 // than gathering: kept > 0 divides by n, each halo comes from the neighbouring block only
-// (max_left, max_right <= B), and the halos are less than the (n - 1) * B elements a gather
-// receives. nullopt otherwise.
+// (max_left, max_right <= B), the halos are less than the (n - 1) * B elements a gather
+// receives, and every window lies in its device's buffer [pad_left, previous block's tail of
+// max_left, own block, next block's head of max_right, pad_right]. nullopt otherwise.
 std::optional<SliceWindow> slice_window(const SliceAttrs& s, size_t d, int64_t dim, int64_t kept, int64_t n);
 
 }  // namespace tessera::internal

@@ -1,7 +1,8 @@
 // Sharding rules of the layout ops: a split moves with the dimension it is on, and is gathered
-// first where the op cuts, joins or stretches that dimension, except where a slice's cut can be
-// read from each block and halos of its neighbours' (slice_window); slice's and rev's partition
-// handlers.
+// first where the op cuts, joins or stretches that dimension, except where a slice's cut, or a
+// concatenate's padding of one operand with constant fills, can be read from each block and
+// halos of its neighbours' (slice_window, exchange_halos); slice's, concatenate's and rev's
+// partition handlers.
 #include <algorithm>
 #include <optional>
 #include <utility>
@@ -9,6 +10,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "coordinator/compiler/rules.h"
+#include "core/sharding.h"
 #include "core/status.h"
 
 namespace tessera::internal {
@@ -16,13 +18,32 @@ namespace tessera::internal {
 std::optional<SliceWindow> slice_window(const SliceAttrs& s, size_t d, int64_t dim, int64_t kept, int64_t n) {
   if (n < 2 || kept <= 0 || kept % n != 0 || dim % n != 0) return std::nullopt;
   const int64_t block = dim / n, b = kept / n, stride = s.stride(d);
-  SliceWindow w{s.start[d], b * stride - block, (b - 1) * stride + 1, 0, 0};
+  SliceWindow w;
+  w.first = s.start[d];
+  w.step = b * stride - block;
+  w.width = (b - 1) * stride + 1;
+  w.left.assign(n, 0);
+  w.right.assign(n, 0);
   for (int64_t p = 0; p < n; ++p) {
-    const int64_t off = w.first + p * w.step;
-    w.max_left = std::max(w.max_left, -off);
-    w.max_right = std::max(w.max_right, off + w.width - block);
+    // Device p's first and last elements, as indices of the dimension, and the first and last
+    // of them inside it (the others are a padding's fill).
+    const int64_t at = p * block + w.first + p * w.step, last = at + w.width - 1;
+    int64_t lo = at, hi = last;
+    if (lo < 0) lo += (-lo + stride - 1) / stride * stride;
+    if (hi >= dim) hi -= (hi - dim + stride) / stride * stride;
+    w.pad_left = std::max(w.pad_left, -at);
+    w.pad_right = std::max(w.pad_right, last - (dim - 1));
+    if (lo > hi) continue;  // all fill
+    w.left[p] = std::max<int64_t>(0, p * block - lo);
+    w.right[p] = std::max<int64_t>(0, hi - ((p + 1) * block - 1));
+    w.max_left = std::max(w.max_left, w.left[p]);
+    w.max_right = std::max(w.max_right, w.right[p]);
   }
   if (w.max_left > block || w.max_right > block || w.max_left + w.max_right >= (n - 1) * block) return std::nullopt;
+  for (int64_t p = 0; p < n; ++p) {
+    const int64_t off = w.first + p * w.step;
+    if (off < -(w.pad_left + w.max_left) || off + w.width > block + w.max_right + w.pad_right) return std::nullopt;
+  }
   return w;
 }
 
@@ -166,13 +187,13 @@ bool cut(const Graph& g, const Node& n, size_t d) {
   return !n.attrs<SliceAttrs>().aligned(d, g.node(n.operands[0]).shape[d], n.shape[d]);
 }
 
-// slice, concatenate: dimensions that are cut or joined are gathered first, and so is a kept
-// split a strided slice's shorter result does not divide (x[::4] of 8 over 4). A slice that is
-// not aligned with the blocks of a split dimension keeps the split when each device's part can
-// be read from its block and halos of its neighbours' (slice_window: x[1:29] or x[8:32:2] of 32
-// over 4); partition_slice exchanges the halos. A concatenate resolves a pending sum first,
-// unless every operand's is typed unreduced over the same axes (explicit mode's
-// _concatenate_unreduced_rule): then each device joins its terms.
+// slice, concatenate (a padding's is concatenate's, below): dimensions that are cut or joined
+// are gathered first, and so is a kept split a strided slice's shorter result does not divide
+// (x[::4] of 8 over 4). A slice that is not aligned with the blocks of a split dimension keeps
+// the split when each device's part can be read from its block and halos of its neighbours'
+// (slice_window: x[1:29] or x[8:32:2] of 32 over 4); partition_slice exchanges the halos. A
+// concatenate resolves a pending sum first, unless every operand's is typed unreduced over the
+// same axes (explicit mode's _concatenate_unreduced_rule): then each device joins its terms.
 absl::Status slice_or_concatenate(ShardingContext& c, int id) {
   const Node& n = c.graph().node(id);
   ValueSharding q = c.of_or_replicated(n.operands[0]);
@@ -204,17 +225,90 @@ DimMap slice_or_concatenate_map(const Graph& g, const Node& n) {
   return m;
 }
 
+// The non-trivial mesh axes of `axes` (a permute's positions run over those only).
+Axes moving_axes(const Mesh& mesh, const Axes& axes) {
+  Axes out;
+  for (const std::string& a : axes) {
+    if (mesh.axes_size({a}) > 1) out.push_back(a);
+  }
+  return out;
+}
+
+// Device p's window `w` of dimension d of the value in `slot` (of `dtype` and local `shape`,
+// dimension d split over mesh `axes`, for which `w` was computed), emitted for node `id`: XLA's
+// halo exchange (ExchangeHaloAndGetValidData). Each device sends the tail of its block that the
+// next device's window reaches (max_left elements) and the head that the previous one's
+// reaches (max_right), one collective_permute per side over the axes, to the devices whose
+// window reads there (a device no pair names receives zeros); concatenates [pad_left zeros,
+// left halo, own block, right halo, pad_right zeros]; and takes its window of `width` elements
+// at pad_left + max_left + first + axis_index * step (a dynamic_slice with i64 starts:
+// axis_index * step reaches about twice the dimension, which i32 would wrap past 2^30). Where
+// the window lies outside the dimension it reads zeros. Returns its slot, of `shape` with
+// `width` along d.
+int exchange_halos(PartitionContext& c, int id, DType dtype, int slot, const Shape& shape, size_t d, const Axes& axes,
+                   const SliceWindow& w) {
+  const size_t rank = shape.size();
+  const int64_t devices = c.mesh().axes_size(axes), block = shape[d];
+  auto with_d = [&shape, d](int64_t size) {
+    Shape piece = shape;
+    piece[d] = size;
+    return piece;
+  };
+  // x[lo:hi] along d of the block, whole elsewhere.
+  auto block_slice = [&](int64_t lo, int64_t hi) {
+    std::vector<int64_t> start(rank, 0), limit(shape.begin(), shape.end());
+    start[d] = lo;
+    limit[d] = hi;
+    return emit_kernel(c, id, Op::kSlice, dtype, with_d(hi - lo), {slot},
+                       SliceAttrs{start, limit, std::vector<int64_t>(rank, 1)});
+  };
+  auto zeros = [&](int64_t size) {
+    return emit_kernel(c, id, Op::kConstant, dtype, with_d(size), {}, ConstantAttrs{Scalar(0)});
+  };
+  std::vector<int> pieces;
+  if (w.pad_left > 0) pieces.push_back(zeros(w.pad_left));
+  // Side -1: the previous device's tail, to the devices whose window reads it; side +1: the
+  // next device's head.
+  for (int side : {-1, +1}) {
+    const int64_t halo = side < 0 ? w.max_left : w.max_right;
+    if (halo > 0) {
+      std::vector<int64_t> positions;
+      for (int64_t p = 0; p < devices; ++p) {
+        if ((side < 0 ? w.left : w.right)[p] > 0) positions.insert(positions.end(), {p + side, p});
+      }
+      const int sent = side < 0 ? block_slice(block - halo, block) : block_slice(0, halo);
+      CollectiveSpec permute;
+      permute.kind = CollectiveKind::kCollectivePermute;
+      pieces.push_back(emit_collective(c, id, permute, {sent}, axes, std::move(positions), dtype, with_d(halo)));
+    }
+    if (side < 0) pieces.push_back(slot);
+  }
+  if (w.pad_right > 0) pieces.push_back(zeros(w.pad_right));
+  const int64_t joined = w.pad_left + w.max_left + block + w.max_right + w.pad_right;
+  const int buffer = pieces.size() == 1 ? slot
+                                        : emit_kernel(c, id, Op::kConcatenate, dtype, with_d(joined), pieces,
+                                                      ConcatAttrs{static_cast<int64_t>(d)});
+  // The window's start along d, 0 elsewhere.
+  std::vector<int> starts;
+  for (size_t k = 0; k < rank; ++k) {
+    int at = emit_kernel(c, id, Op::kConstant, DType::kI64, {}, {},
+                         ConstantAttrs{Scalar(k == d ? w.pad_left + w.max_left + w.first : int64_t{0})});
+    if (k == d) {
+      at = emit_kernel(c, id, Op::kAdd, DType::kI64, {}, {emit_block_start(c, id, axes, w.step, DType::kI64), at});
+    }
+    starts.push_back(at);
+  }
+  const Shape window = with_d(w.width);
+  return emit_kernel(c, id, Op::kDynamicSlice, dtype, window, {buffer, emit_start_vector(c, id, starts, DType::kI64)},
+                     DynamicSliceAttrs{std::vector<int64_t>(window.begin(), window.end())});
+}
+
 // A split dimension the slice is aligned with: each device slices its block of whole runs of
-// `stride` elements from the same start. One it is not aligned with (slice_window): XLA's halo
-// exchange (ExchangeHaloAndGetValidData), one dimension after another. Each device sends the
-// tail of its block that the next device's window reaches (max_left elements) and the head
-// that the previous one's reaches (max_right), one collective_permute per side over the
-// dimension's axes (a device no pair names receives zeros, which its window never reads);
-// concatenates [left halo, own block, right halo]; takes its window of `width` elements at
-// max_left + first + axis_index * step (a dynamic_slice: step is never 0 here, since XLA's
-// static case, the same window in every block, is Tessera's aligned case above); and last
-// slices every such window with the stride. A pending sum passes through: the permutes stay
-// within its replica groups and every step is linear.
+// `stride` elements from the same start. One it is not aligned with (slice_window): each
+// device's window of its block and its neighbours' halos (exchange_halos; step is never 0
+// there, since XLA's static case, the same window in every block, is Tessera's aligned case),
+// one dimension after another, and last every such window sliced with the stride. A pending
+// sum passes through: the permutes stay within its replica groups and every step is linear.
 absl::Status partition_slice(PartitionContext& c, int id) {
   const Node& n = c.graph().node(id);
   const ValueSharding& result = c.propagation().result[id];
@@ -234,12 +328,12 @@ absl::Status partition_slice(PartitionContext& c, int id) {
       s.limit[d] = inst.node.shape[d] * s.stride(d);
       continue;
     }
-    const std::optional<SliceWindow> w = slice_window(attrs, d, whole[d], n.shape[d], devices);
+    std::optional<SliceWindow> w = slice_window(attrs, d, whole[d], n.shape[d], devices);
     if (!w) {
       return absl::InternalError(absl::StrCat("partition_slice: ", c.cause(id), " keeps the split of dimension ", d,
                                               " that no window of its blocks reads"));
     }
-    halos.emplace_back(d, *w);
+    halos.emplace_back(d, *std::move(w));
     s.start[d] = 0;
     s.limit[d] = block;
     s.strides[d] = 1;
@@ -258,69 +352,12 @@ absl::Status partition_slice(PartitionContext& c, int id) {
     return absl::OkStatus();
   }
   const size_t rank = shape.size();
-  auto ones = [rank] { return std::vector<int64_t>(rank, 1); };
-  // x[from:to] along dimension d of the value in `slot` (of `shape`), whole elsewhere.
-  auto slice_of = [&](int from_slot, const Shape& from, size_t d, int64_t lo, int64_t hi) {
-    Shape piece = from;
-    piece[d] = hi - lo;
-    std::vector<int64_t> start(rank, 0), limit(from.begin(), from.end());
-    start[d] = lo;
-    limit[d] = hi;
-    return emit_kernel(c, id, Op::kSlice, n.dtype, piece, {from_slot}, SliceAttrs{start, limit, ones()});
-  };
   for (const auto& [d, w] : halos) {
-    Axes axes;
-    for (const std::string& a : result.dims[d]) {
-      if (c.mesh().axes_size({a}) > 1) axes.push_back(a);
-    }
-    const int64_t devices = c.mesh().axes_size(axes), block = shape[d];
-    std::vector<int> pieces;
-    // Side -1: the previous device's tail for devices whose window starts before their block;
-    // side +1: the next device's head for those whose window ends after it.
-    for (int side : {-1, +1}) {
-      const int64_t halo = side < 0 ? w.max_left : w.max_right;
-      if (halo > 0) {
-        std::vector<int64_t> positions;
-        for (int64_t p = 0; p < devices; ++p) {
-          const int64_t off = w.first + p * w.step;
-          if (side < 0 ? off < 0 : off + w.width > block) positions.insert(positions.end(), {p + side, p});
-        }
-        Shape piece = shape;
-        piece[d] = halo;
-        const int sent = side < 0 ? slice_of(slot, shape, d, block - halo, block) : slice_of(slot, shape, d, 0, halo);
-        CollectiveSpec permute;
-        permute.kind = CollectiveKind::kCollectivePermute;
-        pieces.push_back(
-            emit_collective(c, id, permute, {sent}, axes, std::move(positions), n.dtype, std::move(piece)));
-      }
-      if (side < 0) pieces.push_back(slot);
-    }
-    Shape joined = shape;
-    joined[d] = w.max_left + block + w.max_right;
-    const int buffer = pieces.size() == 1 ? slot
-                                          : emit_kernel(c, id, Op::kConcatenate, n.dtype, joined, pieces,
-                                                        ConcatAttrs{static_cast<int64_t>(d)});
-    Shape window = shape;
-    window[d] = w.width;
-    // The window's start along d (an i64 per dimension, 0 elsewhere, as dynamic_slice takes it):
-    // axis_index * step reaches about twice the dimension, which i32 would wrap past 2^30.
-    std::vector<int> starts;
-    for (size_t k = 0; k < rank; ++k) {
-      int at = emit_kernel(c, id, Op::kConstant, DType::kI64, {}, {},
-                           ConstantAttrs{Scalar(k == d ? w.max_left + w.first : int64_t{0})});
-      if (k == d) {
-        at = emit_kernel(c, id, Op::kAdd, DType::kI64, {}, {emit_block_start(c, id, axes, w.step, DType::kI64), at});
-      }
-      starts.push_back(at);
-    }
-    const int at = emit_start_vector(c, id, starts, DType::kI64);
-    std::vector<int> operands = {buffer, at};
-    slot = emit_kernel(c, id, Op::kDynamicSlice, n.dtype, window, operands,
-                       DynamicSliceAttrs{std::vector<int64_t>(window.begin(), window.end())});
-    shape = window;
+    slot = exchange_halos(c, id, n.dtype, slot, shape, d, moving_axes(c.mesh(), result.dims[d]), w);
+    shape[d] = w.width;
   }
   bool strided = false;
-  std::vector<int64_t> start(rank, 0), limit(shape.begin(), shape.end()), strides = ones();
+  std::vector<int64_t> start(rank, 0), limit(shape.begin(), shape.end()), strides(rank, 1);
   for (const auto& [d, w] : halos) {
     strides[d] = attrs.stride(d);
     strided = strided || strides[d] > 1;
@@ -329,6 +366,128 @@ absl::Status partition_slice(PartitionContext& c, int id) {
     slot = emit_kernel(c, id, Op::kSlice, n.dtype, out, {slot}, SliceAttrs{start, limit, strides});
   }
   c.bind(id, slot);
+  return absl::OkStatus();
+}
+
+// The value every element of concatenate operand `id` holds when it is a constant fill: a
+// constant, or a broadcast of a scalar one (lax.pad's fill, client/lax.cc); nullopt otherwise.
+std::optional<Scalar> fill_value(const Graph& g, int id) {
+  const Node& n = g.node(id);
+  if (n.op == Op::kConstant) return n.attrs<ConstantAttrs>().value;
+  if (n.op == Op::kBroadcastInDim && g.node(n.operands[0]).shape.empty()) return fill_value(g, n.operands[0]);
+  return std::nullopt;
+}
+
+// A concatenate that pads its operand `index` with constant fills along its axis: [low fill,
+// x, high fill], either fill possibly absent (the slice VJP's unslice, lax.pad without
+// interior padding).
+struct Padding {
+  int64_t low = 0, high = 0;
+  Scalar low_fill, high_fill;
+};
+std::optional<Padding> padding_of(const Graph& g, const Node& n, size_t index) {
+  const size_t operands = n.operands.size(), axis = static_cast<size_t>(n.attrs<ConcatAttrs>().axis);
+  if (operands < 2 || index > 1 || operands - index > 2) return std::nullopt;
+  Padding p;
+  if (index == 1) {
+    const std::optional<Scalar> fill = fill_value(g, n.operands[0]);
+    if (!fill) return std::nullopt;
+    p.low = g.node(n.operands[0]).shape[axis];
+    p.low_fill = *fill;
+  }
+  if (index + 1 < operands) {
+    const std::optional<Scalar> fill = fill_value(g, n.operands[index + 1]);
+    if (!fill) return std::nullopt;
+    p.high = g.node(n.operands[index + 1]).shape[axis];
+    p.high_fill = *fill;
+  }
+  return p;
+}
+
+// The windows through which the n devices of a padded dimension read its operand's `size`
+// elements: padded block j is the operand's [j * B - low, (j + 1) * B - low), a unit-stride
+// slice of the padded operand starting at -low.
+std::optional<SliceWindow> padding_window(const Padding& p, int64_t size, int64_t n) {
+  const int64_t padded = p.low + size + p.high;
+  return slice_window(SliceAttrs{{-p.low}, {padded - p.low}, {1}}, 0, size, padded, n);
+}
+
+// concatenate: a padding of an operand split along the axis ([fill, x, fill], padding_of)
+// keeps its split when each device's block of the result can be read from its block of x and
+// halos of its neighbours' (padding_window; XLA pads a split dimension so, its
+// ReshardDataForPad / ExchangeHaloAndGetValidData): the slice VJP's unslice of a halo slice's
+// cotangent, and jnp.pad, no longer gather. The fills are not read (partition_concatenate
+// makes the fill itself) and are needed as they are; a pending sum of x is resolved first.
+// Any other concatenate is slice_or_concatenate's.
+absl::Status concatenate(ShardingContext& c, int id) {
+  const Node& n = c.graph().node(id);
+  const size_t axis = static_cast<size_t>(n.attrs<ConcatAttrs>().axis);
+  for (size_t k = 0; k < n.operands.size(); ++k) {
+    ValueSharding q = c.of_or_replicated(n.operands[k]);
+    const std::optional<Padding> p = padding_of(c.graph(), n, k);
+    if (q.dims[axis].empty() || !p ||
+        !padding_window(*p, c.graph().node(n.operands[k]).shape[axis], c.mesh().axes_size(q.dims[axis]))) {
+      continue;
+    }
+    q.partial.clear();
+    std::vector<ValueSharding>& needs = c.needs(id);
+    needs.clear();
+    for (size_t o = 0; o < n.operands.size(); ++o) needs.push_back(o == k ? q : c.of_or_replicated(n.operands[o]));
+    c.set(id, q.dims);
+    return absl::OkStatus();
+  }
+  return slice_or_concatenate(c, id);
+}
+
+// A padding whose split concatenate kept: each device's window of its block of x and its
+// neighbours' halos (exchange_halos), then the fill selected where the window's position
+// j * B + i - low lies outside x. Any other concatenate: the local kernel.
+absl::Status partition_concatenate(PartitionContext& c, int id) {
+  const Node& n = c.graph().node(id);
+  const size_t axis = static_cast<size_t>(n.attrs<ConcatAttrs>().axis);
+  const ValueSharding& result = c.propagation().result[id];
+  if (result.dims[axis].empty()) return partition_kernel(c, id);
+  // The operand whose split the result keeps (concatenate's forward rule).
+  size_t k = 0;
+  while (k < n.operands.size() && c.propagation().operands[id][k].dims[axis].empty()) ++k;
+  std::optional<Padding> p;
+  std::optional<SliceWindow> w;
+  if (k < n.operands.size()) p = padding_of(c.graph(), n, k);
+  if (p) w = padding_window(*p, c.graph().node(n.operands[k]).shape[axis], c.mesh().axes_size(result.dims[axis]));
+  if (!w) {
+    return absl::InternalError(absl::StrCat("partition_concatenate: ", c.cause(id), " keeps the split of dimension ",
+                                            axis, " that is no padding of a split operand"));
+  }
+  const int x = n.operands[k];
+  const int64_t size = c.graph().node(x).shape[axis];
+  const ValueSharding& need = c.propagation().operands[id][k];
+  TESSERA_ASSIGN_OR_RETURN(const int slot, c.reshard(x, c.propagation().result[x], need, c.cause(id)));
+  const Shape block = NamedSharding(c.mesh(), need.spec()).shard_shape(c.graph().node(x).shape);
+  const Axes axes = moving_axes(c.mesh(), result.dims[axis]);
+  int out = exchange_halos(c, id, n.dtype, slot, block, axis, axes, *w);
+  Shape shape = block;
+  shape[axis] = w->width;
+  // The position in x of each element of the window along the axis.
+  const Shape row = {w->width};
+  const int origin =
+      emit_kernel(c, id, Op::kAdd, DType::kI64, {},
+                  {emit_block_start(c, id, axes, w->width, DType::kI64),
+                   emit_kernel(c, id, Op::kConstant, DType::kI64, {}, {}, ConstantAttrs{Scalar(-p->low)})});
+  const int position =
+      emit_kernel(c, id, Op::kAdd, DType::kI64, row,
+                  {emit_kernel(c, id, Op::kIota, DType::kI64, row, {}, IotaAttrs{0}),
+                   emit_kernel(c, id, Op::kBroadcastInDim, DType::kI64, row, {origin}, BroadcastAttrs{})});
+  auto fill_where = [&](Op compare, int64_t bound, const Scalar& value) {
+    const int limit = emit_kernel(c, id, Op::kConstant, DType::kI64, row, {}, ConstantAttrs{Scalar(bound)});
+    const int outside = emit_kernel(c, id, Op::kBroadcastInDim, DType::kBool, shape,
+                                    {emit_kernel(c, id, compare, DType::kBool, row, {position, limit})},
+                                    BroadcastAttrs{{static_cast<int64_t>(axis)}});
+    const int fill = emit_kernel(c, id, Op::kConstant, n.dtype, shape, {}, ConstantAttrs{value});
+    out = emit_kernel(c, id, Op::kSelect, n.dtype, shape, {outside, fill, out});
+  };
+  if (p->low > 0) fill_where(Op::kLt, 0, p->low_fill);
+  if (p->high > 0) fill_where(Op::kGe, size, p->high_fill);
+  c.bind(id, out);
   return absl::OkStatus();
 }
 
@@ -381,7 +540,7 @@ absl::Span<const ShardingRuleEntry> layout_rules() {
       {Op::kTranspose, {transpose, transpose_map}},
       {Op::kReshape, {reshape, reshape_map}},
       {Op::kSlice, {slice_or_concatenate, slice_or_concatenate_map, false, partition_slice}},
-      {Op::kConcatenate, {slice_or_concatenate, slice_or_concatenate_map}},
+      {Op::kConcatenate, {concatenate, slice_or_concatenate_map, false, partition_concatenate}},
       {Op::kRev, {rev, identity_map, false, partition_rev}},
   };
   return kRules;

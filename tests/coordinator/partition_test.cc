@@ -797,6 +797,65 @@ TEST_F(PartitionTest, HaloSliceGatheredByAConcatenateCostsAPermuteMore) {
   EXPECT_EQ(exe.output_specs[0], P(None));
 }
 
+// The VJP of a unit-stride slice (client/vjp/layout.cc unslice: the cotangent between zero
+// fills, a concatenate along the sliced dimension; jax/_src/lax/slicing.py
+// _slice_transpose_rule pads it) is the mirror of the halo slice: with x f32[32] over 'data'
+// (4 devices) and the cotangent split as the slice's result, block j of the gradient covers
+// padded positions [8j, 8j + 8), the cotangent's [8j - start, 8j + 8 - start), which lie in
+// its block and its neighbours' (XLA pads the same way: ExchangeHaloAndGetValidData with
+// mask_invalid_region). d/dx sum(x[1:29] * w): blocks of 7, device j reads [8j - 1, 8j + 7):
+// device 1 needs 1 element of device 2's block, device 2 needs 2 of device 3's, so one permute
+// of the 2-element head (pairs 2->1, 3->2): 2 * 4 = 8 B per device. x[3:27]: blocks of 6,
+// device j reads [8j - 3, 8j + 5): device 1 needs 1 of device 0's tail (0->1) and 1 of device
+// 2's head, device 2 needs 3 of device 3's head (2->1, 3->2): permutes of 1 and 3 elements,
+// (1 + 3) * 4 = 16 B. Gathering the cotangent instead receives 3 * 7 * 4 = 84 B and 3 * 6 * 4 = 72 B.
+// The result stays split as x, and what lies outside the cotangent is the fill, put there by a
+// select on the position.
+TEST_F(PartitionTest, GradOfAHaloSliceKeepsItsCotangentSplitByAHaloExchange) {
+  auto compile_grad = [this](int64_t start, int64_t limit) {
+    return compile(grad(
+                       [=](const std::vector<Value>& in) {
+                         return std::vector<Value>{sum(slice(in[0], {start}, {limit}, {1}) * in[1])};
+                       },
+                       {0}),
+                   {{DType::kF32, {32}}, {DType::kF32, {limit - start}}}, {P("data"), P("data")});
+  };
+  Executable one_side = compile_grad(1, 29);
+  EXPECT_THAT(collectives_of(one_side), ElementsAre(IsCollective(CollectiveKind::kCollectivePermute, {"data"}, -1, 8)))
+      << one_side.as_text();
+  EXPECT_THAT(one_side.as_text(), HasSubstr("1 collective, 8 bytes received per device"));
+  EXPECT_THAT(one_side.as_text(), HasSubstr("positions={2->1,3->2}"));
+  EXPECT_THAT(one_side.as_text(), Not(HasSubstr("all_gather")));
+  EXPECT_EQ(one_side.output_specs[0], P("data"));
+
+  Executable two_sides = compile_grad(3, 27);
+  EXPECT_THAT(collectives_of(two_sides),
+              ElementsAre(IsCollective(CollectiveKind::kCollectivePermute, {"data"}, -1, 4),
+                          IsCollective(CollectiveKind::kCollectivePermute, {"data"}, -1, 12)))
+      << two_sides.as_text();
+  EXPECT_EQ(collective_bytes_per_device(two_sides.program, two_sides.mesh), 16);
+  EXPECT_THAT(two_sides.as_text(), HasSubstr("positions={0->1}"));
+  EXPECT_THAT(two_sides.as_text(), HasSubstr("positions={2->1,3->2}"));
+  EXPECT_THAT(two_sides.as_text(), Not(HasSubstr("all_gather")));
+  EXPECT_EQ(two_sides.output_specs[0], P("data"));
+}
+
+// jnp.pad with a constant (client/lax.cc pad: broadcasts of the scalar on either side, then a
+// concatenate) of x f32[28] over 'data' by (1, 3) with 2.5 is the same window as the gradient
+// of x[1:29] above: one permute of 8 B, the split kept, and the fill selected by position.
+TEST_F(PartitionTest, PadOfASplitDimensionExchangesHalosAndSelectsTheFill) {
+  Executable exe = compile(
+      [](const std::vector<Value>& in) {
+        return std::vector<Value>{pad(in[0], {{1, 3}}, 2.5)};
+      },
+      {{DType::kF32, {28}}}, {P("data")});
+  EXPECT_THAT(collectives_of(exe), ElementsAre(IsCollective(CollectiveKind::kCollectivePermute, {"data"}, -1, 8)))
+      << exe.as_text();
+  EXPECT_THAT(exe.as_text(), HasSubstr("positions={2->1,3->2}"));
+  EXPECT_THAT(exe.as_text(), HasSubstr("= select("));
+  EXPECT_EQ(exe.output_specs[0], P("data"));
+}
+
 // slice_window against a per-device simulation of the plan partition_slice emits, for every
 // slice of every dimension up to 32 over 2, 4 and 8 devices: each device builds [the previous
 // block's tail of max_left, its own block, the next block's head of max_right] (zeros where its
@@ -854,6 +913,86 @@ TEST(SliceWindow, MatchesAPerDeviceSimulationOfTheHaloExchange) {
     }
   }
   EXPECT_GT(windows, 1000);
+}
+
+// slice_window of a padded dimension (a window reaching before index 0 or past the last: a
+// concatenate [fill, x, fill] read as x[-low : size + high], partition_concatenate) against a
+// per-device simulation of exchange_halos, for every start in [-dim, dim), limit in (start,
+// 2·dim] and stride 1 to 3 of dimensions up to 32 over 2, 4 and 8 devices. Each device builds
+// [pad_left, the previous block's tail of max_left, its block, the next block's head of
+// max_right, pad_right], the halos only where w.left / w.right say it receives them (else
+// nothing, as a permute gives a device no pair names), reads `width` elements at pad_left +
+// max_left + first + p·step and keeps every stride-th: each element that lies in x must be x's
+// (those outside are the fill's, which the handler selects by position). slice_window must
+// decline exactly when the result does not divide, a halo (of x's elements only, walked here
+// element by element) reaches past the neighbouring block, the halos are not less than a
+// gather, or a window would leave its buffer.
+TEST(SliceWindow, MatchesAPerDeviceSimulationOfAPaddedWindow) {
+  int padded = 0;
+  for (int64_t n : {2, 4, 8}) {
+    for (int64_t dim = n; dim <= 32; dim += n) {
+      const int64_t block = dim / n;
+      for (int64_t start = -dim; start < dim; ++start) {
+        for (int64_t limit = start + 1; limit <= 2 * dim; ++limit) {
+          for (int64_t stride = 1; stride <= 3; ++stride) {
+            const int64_t kept = (limit - start + stride - 1) / stride;
+            const std::optional<internal::SliceWindow> w =
+                internal::slice_window(SliceAttrs{{start}, {limit}, {stride}}, 0, dim, kept, n);
+            SCOPED_TRACE(absl::StrCat("x[", start, ":", limit, ":", stride, "] of ", dim, " over ", n));
+            if (kept % n != 0) {
+              EXPECT_FALSE(w.has_value());
+              continue;
+            }
+            const int64_t b = kept / n;
+            int64_t left = 0, right = 0, before = 0, after = 0;
+            for (int64_t p = 0; p < n; ++p) {
+              for (int64_t j = 0; j < b; ++j) {
+                const int64_t at = start + (p * b + j) * stride;
+                before = std::max(before, -at);
+                after = std::max(after, at - (dim - 1));
+                if (at < 0 || at >= dim) continue;
+                left = std::max(left, p * block - at);
+                right = std::max(right, at - ((p + 1) * block - 1));
+              }
+            }
+            // Device p's buffer holds the indices [p·B - left - before, (p+1)·B + right + after).
+            bool inside = true;
+            for (int64_t p = 0; p < n; ++p) {
+              const int64_t first = start + p * b * stride, last = first + (b - 1) * stride;
+              inside = inside && first >= p * block - left - before && last < (p + 1) * block + right + after;
+            }
+            const bool fits = left <= block && right <= block && left + right < (n - 1) * block && inside;
+            ASSERT_EQ(w.has_value(), fits) << "left " << left << " right " << right;
+            if (!w) continue;
+            EXPECT_EQ(w->max_left, left);
+            EXPECT_EQ(w->max_right, right);
+            EXPECT_EQ(w->pad_left, before);
+            EXPECT_EQ(w->pad_right, after);
+            padded += before > 0 || after > 0 ? 1 : 0;
+            for (int64_t p = 0; p < n; ++p) {
+              std::vector<int64_t> buffer(w->pad_left, -1);  // indices of x, -1 where nothing is
+              for (int64_t k = block - w->max_left; k < block; ++k)
+                buffer.push_back(p > 0 && w->left[p] > 0 ? (p - 1) * block + k : -1);
+              for (int64_t k = 0; k < block; ++k) buffer.push_back(p * block + k);
+              for (int64_t k = 0; k < w->max_right; ++k)
+                buffer.push_back(p + 1 < n && w->right[p] > 0 ? (p + 1) * block + k : -1);
+              buffer.insert(buffer.end(), w->pad_right, -1);
+              const int64_t at = w->pad_left + w->max_left + w->first + p * w->step;
+              ASSERT_GE(at, 0) << "device " << p;
+              ASSERT_LE(at + w->width, static_cast<int64_t>(buffer.size())) << "device " << p;
+              for (int64_t j = 0; j < b; ++j) {
+                const int64_t want = start + (p * b + j) * stride;
+                if (want >= 0 && want < dim) {
+                  EXPECT_EQ(buffer[at + j * stride], want) << "device " << p << " element " << j;
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(padded, 1000);
 }
 
 // random::uniform of a sharded shape is made where it lives (JAX's partitionable threefry, as

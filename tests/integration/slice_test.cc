@@ -58,6 +58,12 @@ class SliceTest : public jit_support::LocalJitSuite {
   static PartitionSpec split_spec(const Mesh& mesh) {
     return mesh.axis_names().size() == 1 ? P("a", None) : P("a", "b");
   }
+  // split_spec(mesh), and on (4, 2) also x's rows split over both axes, P(('a', 'b'), None).
+  static std::vector<PartitionSpec> split_specs(const Mesh& mesh) {
+    std::vector<PartitionSpec> specs = {split_spec(mesh)};
+    if (mesh.axis_names().size() == 2 && mesh.axis_size("a") == 4) specs.push_back(P(Axes{"a", "b"}, None));
+    return specs;
+  }
   // Numpy's x[start:limit:strides] of a rank-2 row-major x, by loops.
   static std::vector<double> host_slice(const HostArray& x, const Dims& start, const Dims& limit, const Dims& strides) {
     std::vector<double> out;
@@ -224,9 +230,7 @@ TEST_F(SliceTest, UnalignedSliceOfASplitDimensionExchangesHalosNotGathers) {
   };
   for (AxisType type : {AxisType::kAuto, AxisType::kExplicit}) {
     for (const Mesh& mesh : meshes(type)) {
-      std::vector<PartitionSpec> specs = {split_spec(mesh)};
-      if (mesh.axis_names().size() == 2 && mesh.axis_size("a") == 4) specs.push_back(P(Axes{"a", "b"}, None));
-      for (const PartitionSpec& spec : specs) {
+      for (const PartitionSpec& spec : split_specs(mesh)) {
         for (const StridedCase& c : cases) {
           SCOPED_TRACE(absl::StrCat(c.name, " of x split as ", spec.to_string(), " on ", mesh.to_string()));
           Jitted f = jit([&](const std::vector<Value>& in) {
@@ -331,6 +335,139 @@ TEST_F(SliceTest, GradOfAHaloExchangingSliceIsTheCotangentAtTheKeptRows) {
     }))({put_on(mesh, x, P("a", None)), put_on(mesh, w, P("a", None))});
     ASSERT_TRUE(got.ok()) << got.status();
     expect_near(fetch((*got)[0]), want, 0);
+  }
+}
+
+// How a dimension of x (`size` elements) padded by `low` and `high` fills and split over n
+// devices reads x: the device holding padded block j needs x's elements [j·B - low, (j+1)·B -
+// low) that lie in x (B = (low + size + high) / n), from the blocks of `size / n`. The halos
+// (left, right) a device receives from its neighbours' blocks, walking every element, and
+// whether one lies beyond the neighbouring block.
+struct PaddingHalos {
+  int64_t left = 0, right = 0;
+  bool beyond = false;
+};
+PaddingHalos padding_halos(int64_t low, int64_t size, int64_t high, int64_t n) {
+  const int64_t block = (low + size + high) / n, own = size / n;
+  PaddingHalos h;
+  for (int64_t j = 0; j < n; ++j) {
+    for (int64_t at = j * block - low; at < (j + 1) * block - low; ++at) {
+      if (at < 0 || at >= size) continue;  // the fill's
+      const int64_t owner = at / own;
+      if (owner < j) h.left = std::max(h.left, j * own - at);
+      if (owner > j) h.right = std::max(h.right, at - ((j + 1) * own - 1));
+      h.beyond = h.beyond || owner < j - 1 || owner > j + 1;
+    }
+  }
+  return h;
+}
+
+// Whether, and by how many permutes, a padding of a split dimension keeps its split (the
+// halo exchange of partition_concatenate): on Auto axes it must when every halo comes from a
+// neighbour and the halos are fewer than the (n - 1)·size/n elements a gather receives.
+struct PaddingPlan {
+  bool kept = true;
+  size_t permutes = 0;
+};
+void add_padding(PaddingPlan& plan, int64_t low, int64_t size, int64_t high, int64_t n) {
+  if (n == 1 || (low == 0 && high == 0)) return;
+  const PaddingHalos h = padding_halos(low, size, high, n);
+  if ((low + size + high) % n != 0 || size % n != 0 || h.beyond || h.left + h.right >= (n - 1) * (size / n)) {
+    plan.kept = false;
+    return;
+  }
+  plan.permutes += (h.left > 0 ? 1 : 0) + (h.right > 0 ? 1 : 0);
+}
+
+// grad through a unit-stride slice of a split dimension: its VJP pads the cotangent with zeros
+// (client/vjp/layout.cc unslice, a concatenate; jax/_src/lax/slicing.py _slice_transpose_rule),
+// which on Auto axes keeps the cotangent's split by the halo exchange that mirrors the slice's
+// (each device's block of the gradient reads its own block of the cotangent and halos of its
+// neighbours', the fill where it lies outside): no all_gather, one collective_permute per side
+// that has a halo, the gradient split as x. d/dx sum(x[r0:r1, c0:c1] * w) is w inside the slice
+// and 0 elsewhere, on (8), (4, 2), (2, 4) and P(('a', 'b'), None); Explicit axes give the same
+// values. x[40:64] over 8 or 4 reaches past the neighbouring block (and over 2 a halo as large
+// as the gather): it still gathers.
+TEST_F(SliceTest, GradOfAUnitStrideHaloSliceKeepsTheCotangentSplit) {
+  const HostArray x = random_f32({64, 8}, 12);
+  const std::vector<StridedCase> cases = {
+      {"x[1:57]", {1, 0}, {57, 8}, {1, 1}},   {"x[8:64]", {8, 0}, {64, 8}, {1, 1}},
+      {"x[3:51]", {3, 0}, {51, 8}, {1, 1}},   {"x[7:55, 1:5]", {7, 1}, {55, 5}, {1, 1}},
+      {"x[40:64]", {40, 0}, {64, 8}, {1, 1}},
+  };
+  for (AxisType type : {AxisType::kAuto, AxisType::kExplicit}) {
+    for (const Mesh& mesh : meshes(type)) {
+      for (const PartitionSpec& spec : split_specs(mesh)) {
+        for (const StridedCase& c : cases) {
+          SCOPED_TRACE(absl::StrCat("grad of ", c.name, " of x split as ", spec.to_string(), " on ", mesh.to_string()));
+          const Dims kept = {c.limit[0] - c.start[0], c.limit[1] - c.start[1]};
+          const HostArray w = random_f32(kept, 13);
+          std::vector<double> want(x.size(), 0.0);
+          for (int64_t r = 0; r < kept[0]; ++r) {
+            for (int64_t k = 0; k < kept[1]; ++k)
+              want[(c.start[0] + r) * 8 + c.start[1] + k] = w.element_as_double(r * kept[1] + k);
+          }
+          Jitted f = jit(grad([&](const std::vector<Value>& in) {
+            return std::vector<Value>{sum(slice(in[0], c.start, c.limit, c.strides) * in[1])};
+          }));
+          absl::StatusOr<std::vector<Array>> got = f({put_on(mesh, x, spec), put_on(mesh, w, spec)});
+          ASSERT_TRUE(got.ok()) << got.status();
+          expect_near(fetch((*got)[0]), want, 0);
+          if (type == AxisType::kExplicit) continue;
+          PaddingPlan plan;
+          for (size_t d = 0; d < 2; ++d) {
+            add_padding(plan, c.start[d], kept[d], x.shape()[d] - c.limit[d], mesh.axes_size(spec.dims()[d]));
+          }
+          // Pinned by hand: over 8 devices x[40:64]'s cotangent (3 rows a device) is needed 5
+          // blocks away.
+          if (absl::string_view(c.name) == "x[40:64]" && mesh.axis_names().size() == 1) {
+            EXPECT_FALSE(plan.kept);
+          }
+          if (!plan.kept) {
+            EXPECT_THAT(f.as_text(), HasSubstr("all_gather")) << f.as_text();
+            continue;
+          }
+          EXPECT_EQ((*got)[0].sharding().spec(), spec);
+          expect_no_collective_but_permute(f.as_text(), plan.permutes > 0);
+          EXPECT_EQ(count_of(f.as_text(), "collective_permute"), plan.permutes) << f.as_text();
+        }
+      }
+    }
+  }
+}
+
+// jnp.pad of a split dimension with a constant (client/lax.cc pad: the scalar broadcast on
+// either side, then a concatenate): the same halo exchange, the fill selected by position
+// (any value, not only a gradient's zeros). x f32[24, 8] padded by (3, 5), (5, 3) and (1, 7)
+// rows of 2.5 is numpy's np.pad on every mesh; on Auto axes the split stays with no gather.
+TEST_F(SliceTest, PadOfASplitDimensionExchangesHalosAndFillsTheRest) {
+  const HostArray x = random_f32({24, 8}, 14);
+  for (const auto& [low, high] : std::vector<std::pair<int64_t, int64_t>>{{3, 5}, {5, 3}, {1, 7}}) {
+    std::vector<double> want;
+    for (int64_t r = -low; r < 24 + high; ++r) {
+      for (int64_t k = 0; k < 8; ++k) want.push_back(r < 0 || r >= 24 ? 2.5 : x.element_as_double(r * 8 + k));
+    }
+    for (AxisType type : {AxisType::kAuto, AxisType::kExplicit}) {
+      for (const Mesh& mesh : meshes(type)) {
+        SCOPED_TRACE(absl::StrCat("pad by (", low, ", ", high, ") on ", mesh.to_string()));
+        Jitted f = jit([&](const std::vector<Value>& in) {
+          return std::vector<Value>{pad(in[0], {{low, high}, {0, 0}}, 2.5)};
+        });
+        absl::StatusOr<std::vector<Array>> got = f({put_on(mesh, x, P("a", None))});
+        ASSERT_TRUE(got.ok()) << got.status();
+        expect_near(fetch((*got)[0]), want, 0);
+        if (type == AxisType::kExplicit) continue;
+        PaddingPlan plan;
+        add_padding(plan, low, 24, high, mesh.axis_size("a"));
+        if (!plan.kept) {
+          EXPECT_THAT(f.as_text(), HasSubstr("all_gather")) << f.as_text();
+          continue;
+        }
+        EXPECT_EQ((*got)[0].sharding().spec(), P("a", None));
+        expect_no_collective_but_permute(f.as_text(), plan.permutes > 0);
+        EXPECT_EQ(count_of(f.as_text(), "collective_permute"), plan.permutes) << f.as_text();
+      }
+    }
   }
 }
 
