@@ -8,7 +8,8 @@
 //   TreeJitted init = m.init();                     // key -> parameters, made on the devices
 //   TreeJitted opt_init = m.optimizer_init(), step = m.train_step();
 //   // step({params, state, batch}) -> {loss, params, state}; batch {"tokens", "targets"}
-//   // with config.dropout > 0: step({params, state, batch, {"key": uint32[2], "step": int32}})
+//   // with config.drops(): step({params, state, batch, {"key": uint32[2], "step": int32}})
+//   // held-out loss: windows_loss(client, m, m.eval(), params, text, eval_windows(...))
 //
 // Layouts over a ('data', 'model') mesh:
 //   dp       pure data parallelism on every device: the batch over ('data', 'model') (each of
@@ -25,8 +26,10 @@
 #ifndef TESSERA_EXAMPLES_TRANSFORMER_MODEL_H_
 #define TESSERA_EXAMPLES_TRANSFORMER_MODEL_H_
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <optional>
 #include <string>
@@ -52,6 +55,11 @@ struct Config {
   // 1 / (1 - dropout)) on the embeddings and on each block's two residual branches (GPT-2's
   // embd_pdrop and resid_pdrop), in training steps only; 0 draws nothing.
   double dropout = 0;
+  // Dropout rate on the attention probabilities (GPT-2's attn_pdrop; flax's
+  // dot_product_attention_weights with dropout_rate), in training steps only; 0 draws nothing.
+  double attention_dropout = 0;
+  // Whether a training step draws masks (and so needs its dropout key).
+  bool drops() const { return dropout > 0 || attention_dropout > 0; }
   int64_t hidden() const { return 4 * d_model; }
   int64_t head_dim() const { return d_model / heads; }
 };
@@ -166,10 +174,28 @@ inline Value dropout(const Value& x, double rate, const Value& key) {
 // (DropoutStepKeysDifferFromEachOtherAndFromInits checks).
 constexpr int64_t kDropoutStream = 0x64726f70;  // "drop"
 
+// Causal multi-head attention of query, key and value (B, T, N, H), as
+// nn::dot_product_attention(query, key, value, std::nullopt, /*is_causal=*/true) computes it,
+// with dropout(·, rate, key) on the probabilities (B, N, T, T) before they weigh the values
+// (flax.linen.dot_product_attention_weights with dropout_rate and deterministic=False; GPT-2's
+// attn_pdrop). Written out here because nn::dot_product_attention (jax.nn's) has no dropout.
+inline Value causal_attention_with_dropout(const Value& query, const Value& key, const Value& value, double rate,
+                                           const Value& dropout_key) {
+  const Shape qs = query.shape();
+  const Value logits =
+      dot_general(query, key, DotDims{{0, 2}, {0, 2}, {3}, {3}}) * (1.0 / std::sqrt(static_cast<double>(qs[3])));
+  const Shape ts = {qs[1], qs[1]};
+  const Value causal = broadcast_to(iota(DType::kI32, ts, 0) >= iota(DType::kI32, ts, 1), logits.shape());
+  const Value masked = where(causal, logits, full({}, std::numeric_limits<float>::lowest(), logits.dtype()));
+  const Value weights = dropout(nn::softmax(masked, -1), rate, dropout_key);
+  return transpose(dot_general(weights, value, DotDims{{0, 1}, {0, 2}, {3}, {1}}), {0, 2, 1, 3});
+}
+
 class Model {
  public:
   Model(Config config, Layout layout, Mesh mesh) : c_(config), layout_(layout), mesh_(std::move(mesh)) {}
   const Config& config() const { return c_; }
+  const Mesh& mesh() const { return mesh_; }
 
   ShardingRule param_rule() const {
     Config c = c_;
@@ -221,9 +247,10 @@ class Model {
   // Logits (batch, seq, vocab) of tokens (batch, seq) int32. With a dropout `key` (uint32[2])
   // and a positive rate, dropout on the embeddings (key fold_in(key, layers)) and on layer l's
   // attention and MLP branches (keys fold_in(k_l, 0) and fold_in(k_l, 1), k_l = split(key,
-  // layers)[l], read by the scan as one more xs); without, none (evaluation, sampling).
+  // layers)[l], read by the scan as one more xs), and at a positive attention_dropout on layer
+  // l's attention probabilities (key fold_in(k_l, 2)); without a key, none (evaluation, sampling).
   Value logits(const Tree<Value>& params, const Value& tokens, const std::optional<Value>& key = std::nullopt) const {
-    const bool drop = key.has_value() && c_.dropout > 0;
+    const bool drop = key.has_value() && c_.drops();
     const int64_t B = tokens.shape()[0], T = tokens.shape()[1];
     auto use = [&](const std::string& name, const Value& v) {
       if (layout_ == Layout::kDp || layout_ == Layout::kTp) return v;
@@ -252,8 +279,11 @@ class Model {
       const Value a = nn::layer_norm(h, l["ln1.scale"], l["ln1.bias"]);
       auto heads = [&](const Value& w) { return reshape(matmul(a, w), {B, T, c.heads, c.head_dim()}); };
       const Value att =
-          nn::dot_product_attention(heads(l["attn.wq"]), heads(l["attn.wk"]), heads(l["attn.wv"]), std::nullopt,
-                                    /*is_causal=*/true);
+          drop && c.attention_dropout > 0
+              ? causal_attention_with_dropout(heads(l["attn.wq"]), heads(l["attn.wk"]), heads(l["attn.wv"]),
+                                              c.attention_dropout, random::fold_in(in.back(), 2))
+              : nn::dot_product_attention(heads(l["attn.wq"]), heads(l["attn.wk"]), heads(l["attn.wv"]), std::nullopt,
+                                          /*is_causal=*/true);
       auto branch = [&](const Value& v, int64_t site) {
         return drop ? dropout(v, c.dropout, random::fold_in(in.back(), site)) : v;
       };
@@ -293,7 +323,7 @@ class Model {
   // {params, opt_state, {"tokens", "targets"}[, {"key": uint32[2], "step": int32 scalar}]} ->
   // {loss, params, opt_state}; the parameters and the state are donated. The fourth tree (both
   // replicated) gives the step's dropout key (step_dropout_key); at dropout 0 the step draws
-  // nothing. The call fails (INVALID_ARGUMENT) at dropout > 0 without the fourth tree, as flax's
+  // nothing. The call fails (INVALID_ARGUMENT) at Config::drops() without the fourth tree, as flax's
   // Dropout without a 'dropout' rng and stax's Dropout without an rng raise, and for a fourth
   // tree without "key" or "step".
   TreeJitted train_step() const {
@@ -307,10 +337,11 @@ class Model {
     const optim::GradientTransformation opt = optimizer();
     return [self, opt](const std::vector<Tree<Value>>& in) {
       std::optional<Value> key;
-      if (self.c_.dropout > 0) {
+      if (self.c_.drops()) {
         if (in.size() < 4) {
-          fail_trace(absl::InvalidArgumentError(
-              absl::StrCat("train_step: dropout ", self.c_.dropout, " needs the fourth tree {key, step}")));
+          fail_trace(absl::InvalidArgumentError(absl::StrCat("train_step: dropout ", self.c_.dropout,
+                                                             " and attention dropout ", self.c_.attention_dropout,
+                                                             " need the fourth tree {key, step}")));
           return std::vector<Tree<Value>>{};
         }
         for (const char* leaf : {"key", "step"}) {
@@ -331,12 +362,12 @@ class Model {
     };
   }
 
-  // {params, {"tokens", "targets"}} -> {per-example mean loss (batch,)}.
+  // {params, {"tokens", "targets"}} -> {the loss of each prediction (batch, seq)}.
   TreeJitted eval() const {
     const Model self = *this;
     return jit([self](const std::vector<Tree<Value>>& in) {
-      const Value ce = nn::cross_entropy(self.logits(in[0], *in[1].find("tokens")), *in[1].find("targets"));
-      return std::vector<Tree<Value>>{mean(ce, {1})};
+      return std::vector<Tree<Value>>{
+          nn::cross_entropy(self.logits(in[0], *in[1].find("tokens")), *in[1].find("targets"))};
     });
   }
 
@@ -353,6 +384,82 @@ class Model {
   Layout layout_;
   Mesh mesh_;
 };
+
+// ---- The held-out evaluation ------------------------------------------------------------------
+//
+// A fixed-context model scores a text by sliding windows of `seq` characters over it every
+// `stride` characters and counting, of each window's predictions, only those no earlier
+// window made (the strided perplexity of HF transformers' docs, "Perplexity of fixed-length
+// models"), so every character is counted exactly once and, after the first window, with at
+// least seq - stride + 1 characters of context. stride == seq is consecutive windows.
+
+// One window: tokens text[start, start + seq), targets text[start + 1, start + seq + 1); its
+// predictions at positions first_counted..seq-1 are counted.
+struct EvalWindow {
+  int64_t start = 0;
+  int64_t first_counted = 0;
+  bool operator==(const EvalWindow& o) const { return start == o.start && first_counted == o.first_counted; }
+};
+
+// The windows that count the prediction of each character text[first_target..length-1] of a
+// text of `length` characters exactly once: starts first_target - 1 - (seq - stride) (at least
+// 0), then every `stride`, the last moved back to end at the text's end (the ragged tail).
+// REQUIRES: 1 <= stride <= seq < length, 1 <= first_target < length.
+inline std::vector<EvalWindow> eval_windows(int64_t length, int64_t seq, int64_t stride, int64_t first_target = 1) {
+  std::vector<EvalWindow> out;
+  int64_t last = first_target - 1;  // the last target counted so far
+  for (int64_t start = std::max<int64_t>(0, first_target - 1 - (seq - stride)); last < length - 1; start += stride) {
+    start = std::min(start, length - 1 - seq);
+    out.push_back({start, last - start});
+    last = start + seq;
+  }
+  return out;
+}
+
+// Tokens (rows, seq) and targets (the next characters) of the windows of `text` at `starts`.
+inline Tree<HostArray> window_batch(const std::string& text, const std::vector<int64_t>& starts, int64_t seq) {
+  const int64_t n = static_cast<int64_t>(starts.size());
+  HostArray tokens(DType::kI32, {n, seq}), targets(DType::kI32, {n, seq});
+  for (int64_t r = 0; r < n; ++r) {
+    for (int64_t t = 0; t < seq; ++t) {
+      tokens.mutable_values<int32_t>()[r * seq + t] = static_cast<unsigned char>(text[starts[r] + t]);
+      targets.mutable_values<int32_t>()[r * seq + t] = static_cast<unsigned char>(text[starts[r] + t + 1]);
+    }
+  }
+  Tree<HostArray> batch;
+  batch.set("tokens", std::move(tokens));
+  batch.set("targets", std::move(targets));
+  return batch;
+}
+
+// The mean loss (nats per character) of model.eval() (`eval`) with `params` over the
+// predictions of `windows` of `text`, config().batch windows per call (the last call padded
+// with repeats of its first window, not counted). Errors: those of device_put and the call.
+inline absl::StatusOr<double> windows_loss(const Client& client, const Model& model, const TreeJitted& eval,
+                                           const Tree<Array>& params, const std::string& text,
+                                           const std::vector<EvalWindow>& windows) {
+  const int64_t seq = model.config().seq, batch_size = model.config().batch;
+  double total = 0;
+  int64_t counted = 0;
+  for (size_t b = 0; b < windows.size(); b += batch_size) {
+    const size_t real = std::min<size_t>(batch_size, windows.size() - b);
+    std::vector<int64_t> starts(batch_size, windows[b].start);
+    for (size_t r = 0; r < real; ++r) starts[r] = windows[b + r].start;
+    absl::StatusOr<Tree<Array>> batch =
+        device_put(client, window_batch(text, starts, seq), model.mesh(), ShardingRule(model.batch_spec()));
+    if (!batch.ok()) return batch.status();
+    absl::StatusOr<std::vector<Tree<Array>>> out = eval({params, *batch});
+    absl::StatusOr<HostArray> losses = out.ok() ? out->at(0).find("")->fetch() : out.status();
+    if (!losses.ok()) return losses.status();
+    for (size_t r = 0; r < real; ++r) {
+      for (int64_t t = windows[b + r].first_counted; t < seq; ++t) {
+        total += losses->element_as_double(static_cast<int64_t>(r) * seq + t);
+        ++counted;
+      }
+    }
+  }
+  return total / static_cast<double>(counted);
+}
 
 }  // namespace tessera::transformer
 

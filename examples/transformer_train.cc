@@ -6,11 +6,13 @@
 //   example_transformer [--parallel=dp|tp|fsdp|fsdp_tp] [--mesh=4x2] [--steps=400] ...
 //
 // Characters are bytes (vocab 256). Prints "step S loss L tokens/s T" every --print_every
-// steps, then "held-out loss: L" (mean nats per character over the held-out text in windows of
-// --seq) and a greedy sample of 200 characters after a fixed prompt. Parameters are drawn on
-// the devices from tessera::random (--seed), batches from a host generator of the same seed,
-// so every mesh and layout trains the same model (to float32 rounding). Exits non-zero when
-// the text cannot be read or a step fails.
+// steps, then "held-out loss: L (...)" (mean nats per character over the held-out text, each
+// character counted once, in windows of --seq every --eval_stride characters, following the
+// training text's end with --eval_after_train; transformer::eval_windows) and a greedy sample
+// of 200 characters after a fixed prompt. Parameters are drawn on the devices from
+// tessera::random (--seed), batches from a host generator of the same seed, so every mesh and
+// layout trains the same model (to float32 rounding). Exits non-zero when the text cannot be
+// read or a step fails.
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
@@ -58,10 +60,20 @@ ABSL_FLAG(double, weight_decay, 0.01, "AdamW's decoupled weight decay");
 ABSL_FLAG(double, dropout, 0.0,
           "dropout rate on the embeddings and the blocks' residual branches in training (flax nn.Dropout; none in "
           "evaluation and sampling), drawn on the devices from the seed's key folded with the step");
+ABSL_FLAG(double, attention_dropout, 0.0,
+          "dropout rate on the attention probabilities in training (GPT-2's attn_pdrop; none in evaluation and "
+          "sampling)");
 ABSL_FLAG(int64_t, seed, 0, "seed of the parameters (tessera::random on the devices) and of the batches");
 ABSL_FLAG(int64_t, print_every, 50, "print the loss every N steps");
 ABSL_FLAG(int64_t, eval_every, 0,
           "also print the held-out loss every N steps (0: only at the end), to see where it is lowest");
+ABSL_FLAG(int64_t, eval_stride, 0,
+          "the held-out evaluation's windows of --seq start every N characters and count only the predictions no "
+          "earlier window made, so each character is counted once with at least seq - N + 1 characters of context "
+          "after the first window (HF transformers' strided perplexity); 0: --seq / 2; --seq: consecutive windows");
+ABSL_FLAG(bool, eval_after_train, true,
+          "evaluate the held-out text as the continuation of the training text: its first window's context is "
+          "the training text's end (false: the held-out text alone, its first character not predicted)");
 ABSL_FLAG(int64_t, sample, 200, "characters of greedy sample to print");
 
 namespace {
@@ -72,22 +84,6 @@ using transformer::Config;
 int fail(const absl::Status& status) {
   std::cerr << "example_transformer: " << status << "\n";
   return 1;
-}
-
-// Tokens (rows, seq) and targets (the next characters) of windows of `text` starting at `starts`.
-Tree<HostArray> windows(const std::string& text, const std::vector<int64_t>& starts, int64_t seq) {
-  const int64_t n = static_cast<int64_t>(starts.size());
-  HostArray tokens(DType::kI32, {n, seq}), targets(DType::kI32, {n, seq});
-  for (int64_t r = 0; r < n; ++r) {
-    for (int64_t t = 0; t < seq; ++t) {
-      tokens.mutable_values<int32_t>()[r * seq + t] = static_cast<unsigned char>(text[starts[r] + t]);
-      targets.mutable_values<int32_t>()[r * seq + t] = static_cast<unsigned char>(text[starts[r] + t + 1]);
-    }
-  }
-  Tree<HostArray> batch;
-  batch.set("tokens", std::move(tokens));
-  batch.set("targets", std::move(targets));
-  return batch;
 }
 
 }  // namespace
@@ -116,8 +112,10 @@ int main(int argc, char** argv) {
   c.weight_decay = absl::GetFlag(FLAGS_weight_decay);
   c.remat = absl::GetFlag(FLAGS_remat);
   c.dropout = absl::GetFlag(FLAGS_dropout);
-  if (!(c.dropout >= 0 && c.dropout < 1)) {
-    return fail(absl::InvalidArgumentError(absl::StrCat("--dropout=", c.dropout, " must be in [0, 1)")));
+  c.attention_dropout = absl::GetFlag(FLAGS_attention_dropout);
+  if (!(c.dropout >= 0 && c.dropout < 1 && c.attention_dropout >= 0 && c.attention_dropout < 1)) {
+    return fail(absl::InvalidArgumentError(
+        absl::StrCat("--dropout=", c.dropout, " and --attention_dropout=", c.attention_dropout, " must be in [0, 1)")));
   }
   if (absl::Status r = transformer::check_remat(c.remat); !r.ok()) return fail(r);
   const int64_t print_every = std::max<int64_t>(1, absl::GetFlag(FLAGS_print_every));
@@ -126,6 +124,11 @@ int main(int argc, char** argv) {
     return fail(absl::InvalidArgumentError(absl::StrCat(
         "--vocab=", c.vocab, " (>= 256), --d_model=", c.d_model, " (divisible by --heads=", c.heads, "), --layers=",
         c.layers, ", --seq=", c.seq, " (>= 2), --batch=", c.batch, " and --steps=", c.steps, " must be positive")));
+  }
+  const int64_t eval_stride = absl::GetFlag(FLAGS_eval_stride) == 0 ? c.seq / 2 : absl::GetFlag(FLAGS_eval_stride);
+  if (eval_stride < 1 || eval_stride > c.seq) {
+    return fail(absl::InvalidArgumentError(
+        absl::StrCat("--eval_stride=", eval_stride, " must be in [1, --seq=", c.seq, "] (0: --seq / 2)")));
   }
   // The devices the batch is split over: dp's and fsdp's over both axes, tp's and fsdp_tp's over 'data'.
   const int64_t batch_ways = transformer::data_parallel_axes(*layout).size() == 2 ? data_size * model_size : data_size;
@@ -177,32 +180,27 @@ int main(int argc, char** argv) {
   int64_t n_params = 0;
   for (const auto& [name, a] : p) n_params += static_cast<int64_t>(a.size());
   std::printf(
-      "transformer: %lld parameters, %lld layers, d_model %lld, %lld heads, seq %lld, batch %lld, dropout %g; %s on "
-      "%s\n",
+      "transformer: %lld parameters, %lld layers, d_model %lld, %lld heads, seq %lld, batch %lld, dropout %g, "
+      "attention dropout %g, weight decay %g; %s on %s\n",
       static_cast<long long>(n_params), static_cast<long long>(c.layers), static_cast<long long>(c.d_model),
       static_cast<long long>(c.heads), static_cast<long long>(c.seq), static_cast<long long>(c.batch), c.dropout,
-      transformer::layout_name(*layout), mesh->to_string().c_str());
+      c.attention_dropout, c.weight_decay, transformer::layout_name(*layout), mesh->to_string().c_str());
 
-  // The held-out loss: mean nats per character over the held-out text in consecutive windows,
-  // `batch` at a time (the last batch padded with repeats of its first window, not counted).
+  // The held-out loss: mean nats per character, each held-out character counted once, in windows
+  // of seq every eval_stride (transformer::eval_windows); with --eval_after_train the text scored
+  // is the training text's last seq characters and then the held-out text, whose characters
+  // from the first on are counted.
   const TreeJitted eval = model.eval();
-  std::vector<int64_t> all;
-  for (int64_t st = 0; st + c.seq + 1 <= static_cast<int64_t>(held_out.size()); st += c.seq) all.push_back(st);
-  auto held_out_loss = [&](const Tree<Array>& params) -> absl::StatusOr<double> {
-    double total = 0;
-    for (size_t b = 0; b < all.size(); b += c.batch) {
-      std::vector<int64_t> starts(all.begin() + b, all.begin() + std::min(all.size(), b + c.batch));
-      const size_t real = starts.size();
-      starts.resize(c.batch, starts[0]);
-      absl::StatusOr<Tree<Array>> batch =
-          device_put(*client, windows(held_out, starts, c.seq), *mesh, ShardingRule(model.batch_spec()));
-      if (!batch.ok()) return batch.status();
-      absl::StatusOr<std::vector<Tree<Array>>> out = eval({params, *batch});
-      absl::StatusOr<HostArray> losses = out.ok() ? out->at(0).find("")->fetch() : out.status();
-      if (!losses.ok()) return losses.status();
-      for (size_t r = 0; r < real; ++r) total += losses->element_as_double(static_cast<int64_t>(r));
-    }
-    return total / static_cast<double>(all.size());
+  const bool after_train = absl::GetFlag(FLAGS_eval_after_train);
+  const std::string scored = after_train ? train.substr(train.size() - c.seq) + held_out : held_out;
+  const int64_t first_target = after_train ? c.seq : 1;
+  const std::vector<transformer::EvalWindow> windows =
+      transformer::eval_windows(static_cast<int64_t>(scored.size()), c.seq, eval_stride, first_target);
+  const std::string eval_name =
+      absl::StrCat("nats/char over ", scored.size() - first_target, " held-out characters, ", windows.size(),
+                   " windows of ", c.seq, " every ", eval_stride, after_train ? ", after the training text" : "");
+  auto held_out_loss = [&](const Tree<Array>& params) {
+    return transformer::windows_loss(*client, model, eval, params, scored, windows);
   };
   const int64_t eval_every = absl::GetFlag(FLAGS_eval_every);
 
@@ -214,10 +212,10 @@ int main(int argc, char** argv) {
     std::vector<int64_t> starts(c.batch);
     for (int64_t& st : starts) st = start_of(rng);
     absl::StatusOr<Tree<Array>> batch =
-        device_put(*client, windows(train, starts, c.seq), *mesh, ShardingRule(model.batch_spec()));
+        device_put(*client, transformer::window_batch(train, starts, c.seq), *mesh, ShardingRule(model.batch_spec()));
     if (!batch.ok()) return fail(batch.status());
     std::vector<Tree<Array>> args = {p, s, *batch};
-    if (c.dropout > 0) {  // the step's dropout key is made on the devices from the seed's key and i
+    if (c.drops()) {  // the step's dropout key is made on the devices from the seed's key and i
       absl::StatusOr<Array> step_number =
           client->device_put(HostArray::from_vector<int32_t>({}, {static_cast<int32_t>(i)}), NamedSharding(*mesh, P()));
       if (!step_number.ok()) return fail(step_number.status());
@@ -250,8 +248,7 @@ int main(int argc, char** argv) {
   }
   absl::StatusOr<double> final_loss = held_out_loss(p);
   if (!final_loss.ok()) return fail(final_loss.status());
-  std::printf("held-out loss: %.4f (nats/char, %zu windows of %lld)\n", *final_loss, all.size(),
-              static_cast<long long>(c.seq));
+  std::printf("held-out loss: %.4f (%s)\n", *final_loss, eval_name.c_str());
 
   // Greedy sampling: the context (at most seq characters) at positions 0.., the prediction
   // read at its last position. One row per device the batch is split over, all the same.

@@ -68,12 +68,14 @@ struct TrainRun {
 };
 
 // With `with_key`, each step also gets the dropout tree {"key": the init key, "step": its
-// 1-based number}, as example_transformer passes it when --dropout is positive.
+// 1-based number}, as example_transformer passes it when --dropout or --attention_dropout is
+// positive.
 TrainRun train(const Mesh& mesh, Layout layout, const std::string& remat = "none", double dropout = 0,
-               bool with_key = false) {
+               bool with_key = false, double attention_dropout = 0) {
   Config c = tiny();
   c.remat = remat;
   c.dropout = dropout;
+  c.attention_dropout = attention_dropout;
   const Model model(c, layout, mesh);
   TrainRun run;
   absl::StatusOr<Array> key =
@@ -190,6 +192,34 @@ TEST(Transformer, RematerialisedBlocksTrainAsTheOneDeviceRun) {
   }
 }
 
+struct DropoutCase {
+  int64_t data, model;
+  Layout layout;
+  const char* remat;
+};
+
+// Trains at the dropout rates on (1, 1) with the key: every step's loss differs from `ref`'s
+// (the undropped run's), and each case's steps give the (1, 1) run's losses within 1e-4.
+void expect_dropped_losses_on_every_case(const TrainRun& ref, double dropout, double attention_dropout,
+                                         const std::vector<DropoutCase>& cases) {
+  const TrainRun drop = train(mesh_of(1, 1), Layout::kDp, "none", dropout, /*with_key=*/true, attention_dropout);
+  ASSERT_EQ(drop.losses.size(), ref.losses.size());
+  for (size_t i = 0; i < drop.losses.size(); ++i) {
+    // More than the tolerance the layouts are held to below (the first step's logits are
+    // nearly uniform, so its loss moves least).
+    EXPECT_GT(std::abs(drop.losses[i] - ref.losses[i]), 2e-4 * ref.losses[i]) << "step " << i + 1 << " dropped nothing";
+  }
+  for (const DropoutCase& k : cases) {
+    SCOPED_TRACE(absl::StrCat(layout_name(k.layout), " on (", k.data, ", ", k.model, "), remat ", k.remat));
+    const TrainRun run =
+        train(mesh_of(k.data, k.model), k.layout, k.remat, dropout, /*with_key=*/true, attention_dropout);
+    ASSERT_EQ(run.losses.size(), drop.losses.size());
+    for (size_t i = 0; i < run.losses.size(); ++i) {
+      EXPECT_NEAR(run.losses[i], drop.losses[i], 1e-4 * std::abs(drop.losses[i])) << "step " << i + 1;
+    }
+  }
+}
+
 // Dropout 0 draws nothing: a step given the dropout key trains exactly as one without it.
 // Dropout 0.3 changes the losses (the masks are drawn) and, its bits being partitionable and its
 // key made from replicated scalars, every mesh and layout (and a checkpointed block, which
@@ -199,34 +229,26 @@ TEST(Transformer, DropoutStepsGiveTheOneDeviceLossesOnEveryLayout) {
   ASSERT_EQ(ref.losses.size(), static_cast<size_t>(kSteps));
   const TrainRun zero = train(mesh_of(1, 1), Layout::kDp, "none", 0.0, /*with_key=*/true);
   EXPECT_EQ(zero.losses, ref.losses) << "dropout 0 with a key";
+  expect_dropped_losses_on_every_case(ref, 0.3, 0.0,
+                                      {{4, 2, Layout::kDp, "none"},
+                                       {4, 2, Layout::kTp, "none"},
+                                       {4, 2, Layout::kFsdp, "none"},
+                                       {4, 2, Layout::kFsdpTp, "none"},
+                                       {8, 1, Layout::kFsdp, "none"},
+                                       {2, 4, Layout::kFsdpTp, "none"},
+                                       {4, 2, Layout::kDp, "full"},
+                                       {4, 2, Layout::kFsdpTp, "dots"}});
+}
 
-  const TrainRun drop = train(mesh_of(1, 1), Layout::kDp, "none", 0.3, /*with_key=*/true);
-  ASSERT_EQ(drop.losses.size(), ref.losses.size());
-  for (size_t i = 0; i < drop.losses.size(); ++i) {
-    // More than the tolerance the layouts are held to below (the first step's logits are
-    // nearly uniform, so its loss moves least).
-    EXPECT_GT(std::abs(drop.losses[i] - ref.losses[i]), 2e-4 * ref.losses[i]) << "step " << i + 1 << " dropped nothing";
-  }
-  struct Case {
-    int64_t data, model;
-    Layout layout;
-    const char* remat;
-  };
-  for (const Case& k : std::vector<Case>{{4, 2, Layout::kDp, "none"},
-                                         {4, 2, Layout::kTp, "none"},
-                                         {4, 2, Layout::kFsdp, "none"},
-                                         {4, 2, Layout::kFsdpTp, "none"},
-                                         {8, 1, Layout::kFsdp, "none"},
-                                         {2, 4, Layout::kFsdpTp, "none"},
-                                         {4, 2, Layout::kDp, "full"},
-                                         {4, 2, Layout::kFsdpTp, "dots"}}) {
-    SCOPED_TRACE(absl::StrCat(layout_name(k.layout), " on (", k.data, ", ", k.model, "), remat ", k.remat));
-    const TrainRun run = train(mesh_of(k.data, k.model), k.layout, k.remat, 0.3, /*with_key=*/true);
-    ASSERT_EQ(run.losses.size(), drop.losses.size());
-    for (size_t i = 0; i < run.losses.size(); ++i) {
-      EXPECT_NEAR(run.losses[i], drop.losses[i], 1e-4 * std::abs(drop.losses[i])) << "step " << i + 1;
-    }
-  }
+// Dropout on the attention probabilities (Config::attention_dropout, the attention written out
+// in causal_attention_with_dropout) alone: every step's loss differs from the undropped run's,
+// and under tp (the probabilities split by heads over 'model'), fsdp_tp, and dp with remat dots
+// the steps give the (1, 1) run's losses within 1e-4, as the residual dropout above.
+TEST(Transformer, AttentionDropoutStepsGiveTheOneDeviceLossesOnEveryLayout) {
+  const TrainRun& ref = one_device();
+  ASSERT_EQ(ref.losses.size(), static_cast<size_t>(kSteps));
+  expect_dropped_losses_on_every_case(
+      ref, 0.0, 0.3, {{4, 2, Layout::kTp, "none"}, {2, 4, Layout::kFsdpTp, "none"}, {4, 2, Layout::kDp, "dots"}});
 }
 
 // At dropout > 0 a training step needs its dropout tree, as flax's nn.Dropout raises without a
@@ -259,7 +281,7 @@ TEST(Transformer, DropoutStepWithoutItsKeyTreeFails) {
   absl::Status none = call(std::nullopt);
   EXPECT_EQ(none.code(), absl::StatusCode::kInvalidArgument) << none;
   EXPECT_THAT(std::string(none.message()),
-              testing::HasSubstr("train_step: dropout 0.1 needs the fourth tree {key, step}"));
+              testing::HasSubstr("train_step: dropout 0.1 and attention dropout 0 need the fourth tree {key, step}"));
   Tree<Array> key_only, step_only, both;
   key_only.set("key", *key);
   step_only.set("step", *one);
@@ -428,8 +450,8 @@ Mat layer_norm(const Mat& x, const Mat& scale, const Mat& bias, int64_t d) {
   return y;
 }
 
-// The mean cross-entropy of each example (batch,).
-std::vector<double> host_losses(const Config& c, const Tree<HostArray>& p, const Tree<HostArray>& batch) {
+// The cross-entropy of each prediction (batch * seq, row-major).
+std::vector<double> host_token_losses(const Config& c, const Tree<HostArray>& p, const Tree<HostArray>& batch) {
   const int64_t B = c.batch, T = c.seq, D = c.d_model, H = c.heads, Dh = c.head_dim(), F = c.hidden(), V = c.vocab,
                 L = c.layers, N = B * T;
   const Mat tokens = values(batch, "tokens"), targets = values(batch, "targets");
@@ -472,13 +494,21 @@ std::vector<double> host_losses(const Config& c, const Tree<HostArray>& p, const
     for (int64_t i = 0; i < N * D; ++i) x[i] += y[i] + b2[i % D];
   }
   const Mat logits = mm(layer_norm(x, values(p, "ln_f.scale"), values(p, "ln_f.bias"), D), values(p, "head"), N, D, V);
-  std::vector<double> out(B, 0.0);
+  std::vector<double> out(N, 0.0);
   for (int64_t i = 0; i < N; ++i) {
     double top = -1e300, z = 0;
     for (int64_t j = 0; j < V; ++j) top = std::max(top, logits[i * V + j]);
     for (int64_t j = 0; j < V; ++j) z += std::exp(logits[i * V + j] - top);
-    out[i / T] += (top + std::log(z) - logits[i * V + static_cast<int64_t>(targets[i])]) / T;
+    out[i] = top + std::log(z) - logits[i * V + static_cast<int64_t>(targets[i])];
   }
+  return out;
+}
+
+// The mean cross-entropy of each example (batch,).
+std::vector<double> host_losses(const Config& c, const Tree<HostArray>& p, const Tree<HostArray>& batch) {
+  const std::vector<double> tokens = host_token_losses(c, p, batch);
+  std::vector<double> out(c.batch, 0.0);
+  for (size_t i = 0; i < tokens.size(); ++i) out[i / c.seq] += tokens[i] / c.seq;
   return out;
 }
 
@@ -527,7 +557,7 @@ Tree<HostArray> scaled(const Tree<HostArray>& initial, float factor) {
 }
 
 // With weights 20 times larger than initialised (so attention, gelu and the layer norms are
-// far from linear), the per-example losses of eval on one device and under tp on (2, 4) and
+// far from linear), the per-prediction losses of eval on one device and under tp on (2, 4) and
 // fsdp_tp on (4, 2) are the host's.
 TEST(Transformer, EvalOfLargeWeightsIsTheHostForward) {
   const TrainRun& ref = one_device();
@@ -535,10 +565,10 @@ TEST(Transformer, EvalOfLargeWeightsIsTheHostForward) {
   const Tree<HostArray> big = scaled(ref.initial, 20);
   const std::vector<Tree<HostArray>> all = batches(tiny());
   const Tree<HostArray>& batch = all[1];
-  const std::vector<double> want = host_losses(tiny(), big, batch);
+  const std::vector<double> want = host_token_losses(tiny(), big, batch);
   double spread = 0;
   for (double w : want) spread = std::max(spread, std::abs(w - mean_of(want)));
-  EXPECT_GT(spread, 0.1) << "the examples' losses differ";
+  EXPECT_GT(spread, 0.1) << "the predictions' losses differ";
   for (auto [data, model, layout] : std::vector<std::tuple<int64_t, int64_t, Layout>>{
            {1, 1, Layout::kDp}, {2, 4, Layout::kTp}, {4, 2, Layout::kFsdpTp}}) {
     SCOPED_TRACE(absl::StrCat(layout_name(layout), " on (", data, ", ", model, ")"));
@@ -554,7 +584,127 @@ TEST(Transformer, EvalOfLargeWeightsIsTheHostForward) {
     ASSERT_EQ(got->size(), static_cast<int64_t>(want.size()));
     for (size_t i = 0; i < want.size(); ++i) {
       EXPECT_NEAR(got->element_as_double(static_cast<int64_t>(i)), want[i], 2e-4 * std::abs(want[i]))
-          << "example " << i;
+          << "prediction " << i;
+    }
+  }
+}
+
+// eval_windows counts each character of the text from first_target on exactly once, in windows
+// of seq inside the text; after the first window each counted prediction has at least seq -
+// stride + 1 characters of context (the strided evaluation of HF transformers' docs,
+// "Perplexity of fixed-length models"), and so does the first when the text starts with enough
+// context; at stride == seq the windows are the consecutive ones (0, seq, 2 seq, ...) counting
+// everything, then one moved back to end at the text's end for a ragged tail.
+TEST(Transformer, EvalWindowsCountEveryCharacterOnce) {
+  // By hand: targets 1..10 of 11 characters, windows of 4 every 2.
+  EXPECT_EQ(eval_windows(11, 4, 2), (std::vector<EvalWindow>{{0, 0}, {2, 2}, {4, 2}, {6, 2}}));
+  // A ragged tail: targets 1..11, every 3; the last window starts at 7 = 11 - 4, not 9.
+  EXPECT_EQ(eval_windows(12, 4, 3), (std::vector<EvalWindow>{{0, 0}, {3, 1}, {6, 1}, {7, 3}}));
+  // Targets 4..11 after 4 characters of context: the first window starts at 1, so target 4 has 3.
+  EXPECT_EQ(eval_windows(12, 4, 2, 4), (std::vector<EvalWindow>{{1, 2}, {3, 2}, {5, 2}, {7, 2}}));
+  for (int64_t length : {9, 10, 17, 100, 129, 3161, 3200}) {
+    for (int64_t seq : {2, 3, 8, 64, 128}) {
+      if (seq >= length) continue;
+      for (int64_t stride : {int64_t{1}, seq / 2, seq - 1, seq}) {
+        if (stride < 1) continue;
+        for (int64_t first_target : {int64_t{1}, seq}) {
+          SCOPED_TRACE(absl::StrCat("length ", length, " seq ", seq, " stride ", stride, " first ", first_target));
+          const std::vector<EvalWindow> windows = eval_windows(length, seq, stride, first_target);
+          std::vector<int> counted(length, 0);
+          for (size_t w = 0; w < windows.size(); ++w) {
+            const EvalWindow& win = windows[w];
+            ASSERT_GE(win.start, 0);
+            ASSERT_LE(win.start + seq, length - 1);
+            ASSERT_GE(win.first_counted, 0);
+            ASSERT_LT(win.first_counted, seq);
+            if (w > 0 || first_target > 1) {
+              EXPECT_GE(win.first_counted + 1, seq - stride + 1) << "window " << w;
+            }
+            for (int64_t t = win.first_counted; t < seq; ++t) ++counted[win.start + t + 1];
+          }
+          for (int64_t j = 0; j < length; ++j) ASSERT_EQ(counted[j], j >= first_target ? 1 : 0) << "character " << j;
+          if (stride == seq && first_target == 1) {
+            const int64_t full = (length - 1) / seq;
+            ASSERT_EQ(static_cast<int64_t>(windows.size()), full + ((length - 1) % seq != 0 ? 1 : 0));
+            for (int64_t w = 0; w < full; ++w) EXPECT_EQ(windows[w], (EvalWindow{w * seq, 0}));
+          }
+        }
+      }
+    }
+  }
+}
+
+// windows_loss, with the weights 20 times larger, is the host forward's mean over the counted
+// predictions: at stride == seq on a text of whole windows, the mean of the consecutive windows'
+// mean losses (example_transformer's evaluation before --eval_stride); at stride 3 on a ragged
+// text, with and without a context prefix, the mean over each window's new predictions. On one
+// device and under tp on (2, 4), batches of 8 windows, the last padded.
+TEST(Transformer, WindowsLossIsTheHostMeanOverTheCountedPredictions) {
+  const TrainRun& ref = one_device();
+  ASSERT_EQ(ref.initial.size(), 17u);
+  const Config c = tiny();
+  const Tree<HostArray> big = scaled(ref.initial, 20);
+  std::mt19937 rng(5);
+  std::string text(8 * c.seq + 1 + 5, '\0');  // 8 whole windows of 8 and a tail of 5
+  for (char& ch : text) ch = static_cast<char>(rng() % c.vocab);
+  // The host's loss of each prediction of the windows at `starts` (padded to whole batches).
+  auto host_window_losses = [&](const std::string& t, std::vector<int64_t> starts) {
+    starts.resize((starts.size() + c.batch - 1) / c.batch * c.batch, starts[0]);
+    std::vector<double> out;
+    for (size_t b = 0; b < starts.size(); b += c.batch) {
+      const std::vector<int64_t> part(starts.begin() + b, starts.begin() + b + c.batch);
+      for (double l : host_token_losses(c, big, window_batch(t, part, c.seq))) out.push_back(l);
+    }
+    return out;
+  };
+  // Before --eval_stride: consecutive windows (the tail not scored), the mean of their means.
+  const std::string whole = text.substr(0, 8 * c.seq + 1);
+  std::vector<int64_t> consecutive;
+  for (int64_t s = 0; s + c.seq + 1 <= static_cast<int64_t>(whole.size()); s += c.seq) consecutive.push_back(s);
+  ASSERT_EQ(consecutive.size(), 8u);
+  const std::vector<double> per_prediction = host_window_losses(whole, consecutive);
+  double today = 0;
+  for (size_t w = 0; w < consecutive.size(); ++w) {
+    double window_mean = 0;
+    for (int64_t t = 0; t < c.seq; ++t) window_mean += per_prediction[w * c.seq + t] / c.seq;
+    today += window_mean / consecutive.size();
+  }
+  // Strided, with the first 8 characters as context or without.
+  struct Strided {
+    int64_t first_target;
+    double want = 0;
+  };
+  std::vector<Strided> strided = {{1}, {c.seq}};
+  for (Strided& k : strided) {
+    const std::vector<EvalWindow> windows = eval_windows(static_cast<int64_t>(text.size()), c.seq, 3, k.first_target);
+    std::vector<int64_t> starts;
+    for (const EvalWindow& w : windows) starts.push_back(w.start);
+    const std::vector<double> losses = host_window_losses(text, starts);
+    int64_t n = 0;
+    for (size_t w = 0; w < windows.size(); ++w) {
+      for (int64_t t = windows[w].first_counted; t < c.seq; ++t, ++n) k.want += losses[w * c.seq + t];
+    }
+    ASSERT_EQ(n, static_cast<int64_t>(text.size()) - k.first_target);
+    k.want /= static_cast<double>(n);
+  }
+  EXPECT_GT(std::abs(strided[0].want - today), 1e-3) << "the strided mean is another number";
+  for (auto [data, model, layout] :
+       std::vector<std::tuple<int64_t, int64_t, Layout>>{{1, 1, Layout::kDp}, {2, 4, Layout::kTp}}) {
+    SCOPED_TRACE(absl::StrCat(layout_name(layout), " on (", data, ", ", model, ")"));
+    const Mesh mesh = mesh_of(data, model);
+    const Model m(c, layout, mesh);
+    absl::StatusOr<Tree<Array>> params = device_put(client(), big, mesh, m.param_rule());
+    ASSERT_TRUE(params.ok()) << params.status();
+    const TreeJitted eval = m.eval();
+    absl::StatusOr<double> got =
+        windows_loss(client(), m, eval, *params, whole, eval_windows(static_cast<int64_t>(whole.size()), c.seq, c.seq));
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_NEAR(*got, today, 2e-4 * today) << "stride == seq";
+    for (const Strided& k : strided) {
+      got = windows_loss(client(), m, eval, *params, text,
+                         eval_windows(static_cast<int64_t>(text.size()), c.seq, 3, k.first_target));
+      ASSERT_TRUE(got.ok()) << got.status();
+      EXPECT_NEAR(*got, k.want, 2e-4 * k.want) << "stride 3, first target " << k.first_target;
     }
   }
 }
