@@ -1462,6 +1462,74 @@ INSTANTIATE_TEST_SUITE_P(Paths, CyclicExchangeTest, ::testing::Values(Via::kGrpc
                            return p.param == Via::kShm ? "Shm" : p.param == Via::kInProcess ? "InProcess" : "Grpc";
                          });
 
+// The rings' chunk size per path (engine.h, ring_chunk_bytes): on gRPC the wire's limit of 1 MiB
+// (proto/rpc.h, kMaxChunkBytes; half as many messages as 512 KiB ones measured faster there,
+// docs/design.md "Collectives"), 512 KiB on shared memory and in process. Counted as the
+// messages each device receives in a ring all_gather, all_reduce and reduce_scatter over 4
+// devices whose segments are 2.5 MiB and 12 bytes (3 chunks of 1 MiB, or 6 of 512 KiB, the last
+// ragged), with results against the host's.
+class RingChunkTest : public CyclicExchangeTest {};
+
+TEST_P(RingChunkTest, RingsOnGrpcSendChunksOfOneMiBOthersOf512KiB) {
+  ASSERT_NO_FATAL_FAILURE(start(int64_t{64} << 20));
+  const int64_t chunk = GetParam() == Via::kGrpc ? int64_t{1} << 20 : int64_t{512} << 10;
+  constexpr int64_t kSegment = 655363;  // float32s: 2621452 bytes
+  const int64_t chunks = (kSegment * 4 + chunk - 1) / chunk;
+  ASSERT_EQ(chunks, GetParam() == Via::kGrpc ? 3 : 6);
+  auto received = [this](int d) {
+    const Transport& t = endpoints_[d]->transport();
+    return t.grpc_messages_received() + t.shm_messages_received() + t.in_process_messages_received();
+  };
+  uint64_t op = 500;
+  struct Case {
+    CollectiveKind kind;
+    int64_t elements;  // each device's input
+    int64_t messages;  // each device receives: segments x chunks
+  };
+  const std::vector<Case> cases = {{CollectiveKind::kAllGather, kSegment, 3 * chunks},
+                                   {CollectiveKind::kAllReduce, 4 * kSegment, 6 * chunks},
+                                   {CollectiveKind::kReduceScatter, 4 * kSegment, 3 * chunks}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(collective_name(c.kind));
+    std::vector<std::shared_ptr<const HostArray>> in;
+    for (int d = 0; d < kDevices; ++d) in.push_back(input(d, c.elements));
+    CollectiveSpec spec;
+    spec.kind = c.kind;
+    spec.groups = {{0, 1, 2, 3}};
+    spec.dimension = 0;
+    std::vector<int64_t> before(kDevices);
+    for (int d = 0; d < kDevices; ++d) before[d] = received(d);
+    auto out = run_all(spec, in, ++op);
+    for (int d = 0; d < kDevices; ++d) {
+      ASSERT_TRUE(out[d].ok()) << "device " << d << ": " << out[d].status();
+      EXPECT_EQ(received(d) - before[d], c.messages) << "device " << d;
+      endpoints_[d]->transport().finish_op(op);
+      const float* got = (*out[d])->values<float>().data();
+      int64_t wrong = 0;
+      if (c.kind == CollectiveKind::kAllGather) {  // block j is device j's input
+        ASSERT_EQ((*out[d])->size(), kDevices * kSegment);
+        for (int j = 0; j < kDevices; ++j) {
+          for (int64_t i = 0; i < kSegment; ++i) wrong += got[j * kSegment + i] != in[j]->values<float>()[i];
+        }
+      } else {  // the sum of the inputs; reduce_scatter: block d of it
+        const int64_t first = c.kind == CollectiveKind::kAllReduce ? 0 : d * kSegment;
+        ASSERT_EQ((*out[d])->size(), c.kind == CollectiveKind::kAllReduce ? c.elements : kSegment);
+        for (int64_t i = 0; i < (*out[d])->size(); ++i) {
+          float want = 0;
+          for (int j = 0; j < kDevices; ++j) want += in[j]->values<float>()[first + i];
+          wrong += got[i] != want;
+        }
+      }
+      EXPECT_EQ(wrong, 0) << "device " << d;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Paths, RingChunkTest, ::testing::Values(Via::kGrpc, Via::kShm, Via::kInProcess),
+                         [](const ::testing::TestParamInfo<Via>& p) {
+                           return p.param == Via::kShm ? "Shm" : p.param == Via::kInProcess ? "InProcess" : "Grpc";
+                         });
+
 // The ring all_gather (and the all-gather half of a ring all_reduce) over a group of 4, two of 2
 // and one of 3 (device 3 not running), results against the host's: all_gather = the group's inputs
 // concatenated along the dimension, all_reduce = their element-wise sum. Sizes of several

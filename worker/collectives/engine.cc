@@ -18,14 +18,15 @@ namespace {
 
 int mod(int a, int n) { return ((a % n) + n) % n; }
 
-// A byte range of a buffer, cut into chunks of at most kChunkBytes (one empty chunk for an
+// A byte range of a buffer, cut into chunks of at most `chunk` bytes (one empty chunk for an
 // empty range, so every range is exactly one or more messages).
 struct Range {
   int64_t offset = 0;
   int64_t bytes = 0;
-  int chunks() const { return bytes == 0 ? 1 : static_cast<int>((bytes + kChunkBytes - 1) / kChunkBytes); }
-  int64_t chunk_offset(int c) const { return offset + c * kChunkBytes; }
-  int64_t chunk_bytes(int c) const { return std::min(kChunkBytes, bytes - c * kChunkBytes); }
+  int64_t chunk = kChunkBytes;  // the rings': ring_chunk_bytes(path)
+  int chunks() const { return bytes == 0 ? 1 : static_cast<int>((bytes + chunk - 1) / chunk); }
+  int64_t chunk_offset(int c) const { return offset + c * chunk; }
+  int64_t chunk_bytes(int c) const { return std::min(chunk, bytes - c * chunk); }
 };
 
 // A sender's window on one receiver for one op: at most `chunks` chunks sent and not yet taken
@@ -87,6 +88,8 @@ class Group {
     return transport_.shm_enabled() ? Path::kShm : Path::kGrpc;
   }
   Algorithm chosen() const { return chosen_; }
+  // The chunk size of the rings here (engine.h).
+  int64_t ring_chunk() const { return ring_chunk_bytes(path()); }
   // This device's window on each receiver of an exchange (see exchange_window).
   Window window() const { return exchange_window(transport_.mailbox_bytes_per_peer()); }
   int rank() const { return rank_; }
@@ -169,12 +172,12 @@ class Group {
   const int rank_;
 };
 
-// n segments over `elements` elements, as even as integer division allows.
-std::vector<Range> even_segments(int64_t elements, int64_t esize, int n) {
+// n segments over `elements` elements, as even as integer division allows, in chunks of `chunk`.
+std::vector<Range> even_segments(int64_t elements, int64_t esize, int n, int64_t chunk) {
   std::vector<Range> out;
   for (int i = 0; i < n; ++i) {
     const int64_t begin = elements * i / n, end = elements * (i + 1) / n;
-    out.push_back({begin * esize, (end - begin) * esize});
+    out.push_back({begin * esize, (end - begin) * esize, chunk});
   }
   return out;
 }
@@ -410,9 +413,10 @@ std::shared_ptr<const HostArray> unpack_blocks(const std::shared_ptr<HostArray>&
   return out;
 }
 
-std::vector<Range> equal_blocks(int64_t block_bytes, int n) {
+// n blocks of `block_bytes` back to back, in chunks of `chunk`.
+std::vector<Range> equal_blocks(int64_t block_bytes, int n, int64_t chunk = kChunkBytes) {
   std::vector<Range> out;
-  for (int i = 0; i < n; ++i) out.push_back({i * block_bytes, block_bytes});
+  for (int i = 0; i < n; ++i) out.push_back({i * block_bytes, block_bytes, chunk});
   return out;
 }
 
@@ -541,7 +545,7 @@ absl::StatusOr<ArrayPtr> all_reduce(Group& g, ReduceOp op, const ArrayPtr& in) {
   if (algorithm == Algorithm::kTree) return TreeAllReduce(op, in).advance(g, nullptr);
   auto out = std::make_shared<HostArray>(dtype, in->shape());
   // The ring reads this device's contributions from `in` and writes every byte of `out`.
-  const std::vector<Range> seg = even_segments(in->size(), dtype_size(dtype), g.n());
+  const std::vector<Range> seg = even_segments(in->size(), dtype_size(dtype), g.n(), g.ring_chunk());
   const ExpectAllGather expect(g, out, seg, g.n() - 1);
   TESSERA_RETURN_IF_ERROR(ring_reduce_scatter(g, dtype, op, in, out, seg, /*then_all_gather=*/true));
   TESSERA_RETURN_IF_ERROR(ring_all_gather(g, out, seg, g.n() - 1, /*own_sent=*/true));
@@ -553,9 +557,10 @@ absl::StatusOr<ArrayPtr> reduce_scatter(Group& g, ReduceOp op, int dim, const Ar
   const DType dtype = in->dtype();
   auto packed = std::make_shared<HostArray>(pack_blocks(*in, dim, n));
   const int64_t block_bytes = in->nbytes() / n;
-  const std::vector<Range> seg = equal_blocks(block_bytes, n);
+  const bool direct = n > 1 && g.choose(CollectiveKind::kReduceScatter, in->nbytes()) == Algorithm::kDirect;
+  const std::vector<Range> seg = equal_blocks(block_bytes, n, direct ? kChunkBytes : g.ring_chunk());
   auto out = std::make_shared<HostArray>(dtype, out_shape);
-  if (n > 1 && g.choose(CollectiveKind::kReduceScatter, in->nbytes()) == Algorithm::kDirect) {
+  if (direct) {
     TESSERA_RETURN_IF_ERROR(direct_exchange(
         g, packed, seg, std::vector<Range>(n, Range{0, block_bytes}),
         [&](int64_t offset, int64_t size) {
@@ -582,10 +587,11 @@ absl::StatusOr<ArrayPtr> reduce_scatter(Group& g, ReduceOp op, int dim, const Ar
 
 absl::StatusOr<ArrayPtr> all_gather(Group& g, int dim, const ArrayPtr& in, const Shape& out_shape) {
   const int n = g.n(), r = g.rank();
-  const std::vector<Range> seg = equal_blocks(in->nbytes(), n);
+  const bool direct = n > 1 && g.choose(CollectiveKind::kAllGather, in->nbytes() * n) == Algorithm::kDirect;
+  const std::vector<Range> seg = equal_blocks(in->nbytes(), n, direct ? kChunkBytes : g.ring_chunk());
   auto packed = std::make_shared<HostArray>(in->dtype(), Shape{in->size() * n});
   std::memcpy(packed->data() + seg[r].offset, in->data(), static_cast<size_t>(in->nbytes()));
-  if (n > 1 && g.choose(CollectiveKind::kAllGather, in->nbytes() * n) == Algorithm::kDirect) {
+  if (direct) {
     TESSERA_RETURN_IF_ERROR(direct_exchange(
         g, in, std::vector<Range>(n, Range{0, in->nbytes()}), seg, [](int64_t, int64_t) {},
         [&](int j, int64_t offset, const Received& data) { data.copy_to(packed->data() + seg[j].offset + offset); }));

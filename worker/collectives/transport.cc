@@ -984,6 +984,11 @@ int64_t Transport::in_process_messages_received() const {
   return in_process_received_;
 }
 
+int64_t Transport::grpc_messages_received() const {
+  absl::MutexLock lock(&mu_);
+  return grpc_received_;
+}
+
 std::vector<std::shared_ptr<Transport::Parked>> Transport::in_process_source_gone(int source) {
   std::vector<std::shared_ptr<Parked>> parked;  // those waiting for `source`: their receives say so at once
   absl::MutexLock lock(&mu_);
@@ -1969,6 +1974,7 @@ void Transport::file_message(int from, MessageTag tag, Received data, Via via, A
   absl::MutexLock lock(&mu_);
   if (via == Via::kShm) ++shm_received_;
   if (via == Via::kInProcess) ++in_process_received_;
+  if (via == Via::kGrpc) ++grpc_received_;
   const absl::Time now = absl::Now();
   sweep_locked(now, after);
   file_locked(from, tag, data, now, /*may_wait=*/false, after);
@@ -1981,6 +1987,7 @@ bool Transport::file_or_wait(int from, MessageTag tag, Received data, Via via, s
   absl::MutexLock lock(&mu_);
   if (via == Via::kShm) ++shm_received_;
   if (via == Via::kInProcess) ++in_process_received_;
+  if (via == Via::kGrpc) ++grpc_received_;
   const absl::Time now = absl::Now();
   sweep_locked(now, &after);
   const bool filed = file_locked(from, tag, data, now, slot != nullptr && !stopping_, &after);

@@ -229,6 +229,8 @@ class Transport {
   bool in_process() const;
   // Messages peers of this process filed here directly (tests and GetStats: the path is used).
   int64_t in_process_messages_received() const;
+  // Messages with data (or acknowledgements) read from peers' gRPC streams so far (tests).
+  int64_t grpc_messages_received() const;
 
   // For measuring the thresholds of algorithms.h (tessera-worker --all_reduce_algorithm):
   // every all_reduce of at most one chunk runs `algorithm` (give every worker the same).
@@ -701,6 +703,7 @@ class Transport {
   std::shared_ptr<internal::InProcessMailbox> in_process_ ABSL_GUARDED_BY(mu_);
   std::map<int, std::weak_ptr<internal::InProcessMailbox>> in_process_sent_to_ ABSL_GUARDED_BY(mu_);
   int64_t in_process_received_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t grpc_received_ ABSL_GUARDED_BY(mu_) = 0;
   std::optional<Algorithm> forced_all_reduce_ ABSL_GUARDED_BY(mu_);
   // Runs parked for a message (park), and since when; the watchdog's thread (started by the
   // first park, joined by the destructor).
