@@ -168,16 +168,27 @@ absl::StatusOr<std::vector<std::shared_ptr<const HostArray>>> run_doublings(cons
   return run_plan(plan, std::move(inputs), transport, run);
 }
 
+// `plan` with instruction k's node typed f32[n + 1]: that kernel fails INVALID_ARGUMENT if it
+// runs, so a run that ends otherwise never ran it.
+DevicePlan poisoned(DevicePlan plan, int k) {
+  plan.code[k].node.shape = {plan.code[k].node.shape[0] + 1};
+  return plan;
+}
+
 // Cancelled once the first kernel has run, the run stops before the second: `cancelled` is
 // asked once per kernel (the first answer false, the second true), no result appears, and the
-// error is CANCELLED naming the instruction. Not cancelled, the same plan asks once per kernel
-// and gives 2^4 everywhere (the host's 1 doubled four times).
+// error is CANCELLED naming the instruction (the second kernel is poisoned: had it run, the
+// error would be its own). Not cancelled, the same plan asks once per kernel and gives 2^4
+// everywhere (the host's 1 doubled four times).
 TEST(Interpreter, ACancelledStraightLinePlanStopsBeforeItsNextKernel) {
   const DevicePlan plan = doubling_plan(1000, 4);
-  int asked = 0;
   PlanRun run;
+  absl::StatusOr<std::vector<std::shared_ptr<const HostArray>>> out = run_doublings(poisoned(plan, 1), run);
+  ASSERT_FALSE(out.ok());
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kInvalidArgument) << "the poison shows when it runs";
+  int asked = 0;
   run.cancelled = [&asked] { return ++asked > 1; };
-  absl::StatusOr<std::vector<std::shared_ptr<const HostArray>>> out = run_doublings(plan, run);
+  out = run_doublings(poisoned(plan, 1), run);
   EXPECT_EQ(asked, 2) << "asked before kernel 0 (false: it ran) and kernel 1 (true: it did not)";
   ASSERT_FALSE(out.ok()) << "the cancelled plan ran to its end";
   EXPECT_EQ(out.status().code(), absl::StatusCode::kCancelled) << out.status();
@@ -191,13 +202,14 @@ TEST(Interpreter, ACancelledStraightLinePlanStopsBeforeItsNextKernel) {
   EXPECT_EQ(*(*out)[0], HostArray::from_vector<float>({1000}, std::vector<float>(1000, 16.0f)));
 }
 
-// A run whose deadline has passed runs no kernel: DEADLINE_EXCEEDED naming the first. With
-// its deadline ahead, the same plan runs to its result.
+// A run whose deadline has passed runs no kernel: DEADLINE_EXCEEDED naming the first (which is
+// poisoned: had it run, the error would be its own). With its deadline ahead, the unpoisoned
+// plan runs to its result.
 TEST(Interpreter, AStraightLinePlanPastItsDeadlineRunsNoKernel) {
   const DevicePlan plan = doubling_plan(1000, 4);
   PlanRun run;
   run.deadline = absl::Now() - absl::Milliseconds(1);
-  absl::StatusOr<std::vector<std::shared_ptr<const HostArray>>> out = run_doublings(plan, run);
+  absl::StatusOr<std::vector<std::shared_ptr<const HostArray>>> out = run_doublings(poisoned(plan, 0), run);
   ASSERT_FALSE(out.ok()) << "the plan ran past its deadline";
   EXPECT_EQ(out.status().code(), absl::StatusCode::kDeadlineExceeded) << out.status();
   EXPECT_EQ(out.status().message(), "instruction 0 (add): the run's deadline passed before it ran");
