@@ -4,6 +4,7 @@
 // halos of its neighbours' (slice_window, exchange_halos); slice's, concatenate's and rev's
 // partition handlers.
 #include <algorithm>
+#include <functional>
 #include <optional>
 #include <utility>
 
@@ -412,6 +413,29 @@ std::optional<SliceWindow> padding_window(const Padding& p, int64_t size, int64_
   return slice_window(SliceAttrs{{-p.low}, {padded - p.low}, {1}}, 0, size, padded, n);
 }
 
+// The operand of concatenate `n` whose split along the axis a padding keeps: the first one
+// split there (`split(k)`: operand k's mesh axes along the axis) that is padded with constant
+// fills (padding_of) so that each device can read its block through a window one hop away
+// (padding_window). The forward rule and the partition handler both choose by it.
+struct KeptPadding {
+  size_t k = 0;
+  Padding padding;
+  SliceWindow window;
+};
+std::optional<KeptPadding> kept_padding(const Graph& g, const Node& n, const Mesh& mesh,
+                                        const std::function<Axes(size_t)>& split) {
+  const size_t axis = static_cast<size_t>(n.attrs<ConcatAttrs>().axis);
+  for (size_t k = 0; k < n.operands.size(); ++k) {
+    const Axes axes = split(k);
+    if (axes.empty()) continue;
+    const std::optional<Padding> p = padding_of(g, n, k);
+    if (!p) continue;
+    const std::optional<SliceWindow> w = padding_window(*p, g.node(n.operands[k]).shape[axis], mesh.axes_size(axes));
+    if (w) return KeptPadding{k, *p, *w};
+  }
+  return std::nullopt;
+}
+
 // concatenate: a padding of an operand split along the axis ([fill, x, fill], padding_of)
 // keeps its split when each device's block of the result can be read from its block of x and
 // halos of its neighbours' (padding_window; XLA pads a split dimension so, its
@@ -422,21 +446,16 @@ std::optional<SliceWindow> padding_window(const Padding& p, int64_t size, int64_
 absl::Status concatenate(ShardingContext& c, int id) {
   const Node& n = c.graph().node(id);
   const size_t axis = static_cast<size_t>(n.attrs<ConcatAttrs>().axis);
-  for (size_t k = 0; k < n.operands.size(); ++k) {
-    ValueSharding q = c.of_or_replicated(n.operands[k]);
-    const std::optional<Padding> p = padding_of(c.graph(), n, k);
-    if (q.dims[axis].empty() || !p ||
-        !padding_window(*p, c.graph().node(n.operands[k]).shape[axis], c.mesh().axes_size(q.dims[axis]))) {
-      continue;
-    }
-    q.partial.clear();
-    std::vector<ValueSharding>& needs = c.needs(id);
-    needs.clear();
-    for (size_t o = 0; o < n.operands.size(); ++o) needs.push_back(o == k ? q : c.of_or_replicated(n.operands[o]));
-    c.set(id, q.dims);
-    return absl::OkStatus();
-  }
-  return slice_or_concatenate(c, id);
+  const std::optional<KeptPadding> kept =
+      kept_padding(c.graph(), n, c.mesh(), [&](size_t k) { return c.of_or_replicated(n.operands[k]).dims[axis]; });
+  if (!kept) return slice_or_concatenate(c, id);
+  ValueSharding q = c.of_or_replicated(n.operands[kept->k]);
+  q.partial.clear();
+  std::vector<ValueSharding>& needs = c.needs(id);
+  needs.clear();
+  for (size_t o = 0; o < n.operands.size(); ++o) needs.push_back(o == kept->k ? q : c.of_or_replicated(n.operands[o]));
+  c.set(id, q.dims);
+  return absl::OkStatus();
 }
 
 // A padding whose split concatenate kept: each device's window of its block of x and its
@@ -447,17 +466,16 @@ absl::Status partition_concatenate(PartitionContext& c, int id) {
   const size_t axis = static_cast<size_t>(n.attrs<ConcatAttrs>().axis);
   const ValueSharding& result = c.propagation().result[id];
   if (result.dims[axis].empty()) return partition_kernel(c, id);
-  // The operand whose split the result keeps (concatenate's forward rule).
-  size_t k = 0;
-  while (k < n.operands.size() && c.propagation().operands[id][k].dims[axis].empty()) ++k;
-  std::optional<Padding> p;
-  std::optional<SliceWindow> w;
-  if (k < n.operands.size()) p = padding_of(c.graph(), n, k);
-  if (p) w = padding_window(*p, c.graph().node(n.operands[k]).shape[axis], c.mesh().axes_size(result.dims[axis]));
-  if (!w) {
+  // The operand whose split the result keeps, chosen as concatenate's forward rule chose it.
+  const std::optional<KeptPadding> kept =
+      kept_padding(c.graph(), n, c.mesh(), [&](size_t k) { return c.propagation().operands[id][k].dims[axis]; });
+  if (!kept) {
     return absl::InternalError(absl::StrCat("partition_concatenate: ", c.cause(id), " keeps the split of dimension ",
                                             axis, " that is no padding of a split operand"));
   }
+  const size_t k = kept->k;
+  const Padding* p = &kept->padding;
+  const SliceWindow* w = &kept->window;
   const int x = n.operands[k];
   const int64_t size = c.graph().node(x).shape[axis];
   const ValueSharding& need = c.propagation().operands[id][k];
@@ -516,9 +534,8 @@ absl::Status partition_rev(PartitionContext& c, int id) {
   int slot = c.emit(std::move(inst));
   Axes moved;
   for (int64_t d : n.attrs<ReduceAttrs>().axes) {
-    for (const std::string& a : result.dims[d]) {
-      if (c.mesh().axes_size({a}) > 1) moved.push_back(a);
-    }
+    const Axes axes = moving_axes(c.mesh(), result.dims[d]);
+    moved.insert(moved.end(), axes.begin(), axes.end());
   }
   const int64_t devices = c.mesh().axes_size(moved);
   if (devices > 1) {
