@@ -257,6 +257,10 @@ class Model {
       return with_sharding_constraint(v, NamedSharding(mesh_, PartitionSpec(param_infos(c_, layout_).at(name).use)));
     };
     auto get = [&](const std::string& name) { return use(name, *params.find(name)); };
+    // Tokens through take (the cookbook's embedding.at[tokens].get); positions by adding the
+    // table, as JAX's training cookbook does (docs/the-training-cookbook.py, model_apply:
+    // `out += params.pos_embed`, its sequences always seq_length long). A shorter sequence
+    // (sampling) adds the table's first T rows: a static slice, equal to take at iota(T).
     Value pos = get("pos");
     if (T < c_.seq) pos = slice(pos, {0, 0}, {T, c_.d_model});
     Value x = take(get("embed"), tokens, 0) + pos;

@@ -24,12 +24,15 @@
 #include "tests/integration/jit_support.h"
 #include "tests/support/host_eval.h"
 #include "tests/support/jit_check.h"
+#include "tests/support/plan_matchers.h"
 #include "worker/interpreter.h"
 #include "worker/plan_peak.h"
 
 namespace tessera {
 namespace {
 
+using ::tessera::testing::collectives;
+using ::tessera::testing::the_loop;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 
@@ -133,20 +136,6 @@ absl::StatusOr<Executable> compile(const TracedFunction& f, const std::vector<Ar
   std::vector<std::optional<PartitionSpec>> outputs(g.outputs().size());
   TESSERA_ASSIGN_OR_RETURN(Propagation p, propagate(g, mesh, specs, outputs));
   return partition(g, mesh, p, outputs);
-}
-
-const Instruction* the_loop(const DevicePlan& plan) {
-  const Instruction* found = nullptr;
-  for (const Instruction& i : plan.code) {
-    if (i.kind == Instruction::Kind::kLoop) found = &i;
-  }
-  return found;
-}
-
-int collectives(const DevicePlan& plan) {
-  int n = 0;
-  for (const Instruction& i : plan.code) n += i.kind == Instruction::Kind::kCollective ? 1 : 0;
-  return n;
 }
 
 TEST(ScanPlan, OneLoopWhoseBodyHoldsTheCollectivesAndWhoseSizeIgnoresTheLength) {

@@ -36,6 +36,19 @@ inline void expect_near(const HostArray& got, const std::vector<double>& want, d
   }
 }
 
+// Host reference: (m, k) @ (k, n) of float32 arrays, in double.
+inline std::vector<double> matmul_ref(const HostArray& x, const HostArray& w) {
+  const int64_t m = x.shape()[0], k = x.shape()[1], n = w.shape()[1];
+  std::vector<double> out(m * n, 0.0);
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      for (int64_t l = 0; l < k; ++l)
+        out[i * n + j] += double(x.values<float>()[i * k + l]) * w.values<float>()[l * n + j];
+    }
+  }
+  return out;
+}
+
 // How many `op` instructions (e.g. "collective_permute") a program's text (Jitted::as_text)
 // has, loop bodies included.
 inline size_t count_of(const std::string& program, const std::string& op) {

@@ -20,21 +20,9 @@ namespace tessera {
 namespace {
 
 using ::tessera::jit_support::expect_near;
+using ::tessera::jit_support::matmul_ref;
 using ::tessera::jit_support::random_f32;
 using ::testing::HasSubstr;
-
-// Host reference: (m, k) @ (k, n) in double.
-std::vector<double> matmul_ref(const HostArray& x, const HostArray& w) {
-  const int64_t m = x.shape()[0], k = x.shape()[1], n = w.shape()[1];
-  std::vector<double> out(m * n, 0.0);
-  for (int64_t i = 0; i < m; ++i) {
-    for (int64_t j = 0; j < n; ++j) {
-      for (int64_t l = 0; l < k; ++l)
-        out[i * n + j] += double(x.values<float>()[i * k + l]) * w.values<float>()[l * n + j];
-    }
-  }
-  return out;
-}
 
 class JitTest : public jit_support::LocalJitSuite {};
 

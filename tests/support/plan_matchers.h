@@ -35,6 +35,23 @@ inline std::ostream& operator<<(std::ostream& os, const CollectiveInfo& c) {
             << c.bytes << " B/device; " << c.cause;
 }
 
+// The program's last loop instruction (top level), or null.
+inline const Instruction* the_loop(const DevicePlan& plan) {
+  const Instruction* found = nullptr;
+  for (const Instruction& i : plan.code) {
+    if (i.kind == Instruction::Kind::kLoop) found = &i;
+  }
+  return found;
+}
+
+// How many collective instructions the program has at its top level (a loop's body is a
+// program of its own).
+inline int collectives(const DevicePlan& plan) {
+  int n = 0;
+  for (const Instruction& i : plan.code) n += i.kind == Instruction::Kind::kCollective ? 1 : 0;
+  return n;
+}
+
 // The program's collectives, in order.
 inline std::vector<CollectiveInfo> collectives_of(const Executable& exe) {
   std::vector<CollectiveInfo> out;
