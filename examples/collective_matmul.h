@@ -1,12 +1,16 @@
 // The collective matmuls of JAX's shard_map notebook (docs/notebooks/shard_map.md, "Matrix
 // multiplies"), written as the notebook writes them and rolled into a fori_loop as it says
-// one would "in practice, to reduce compile times": each ring step is one iteration that
+// one would "in practice, to reduce compile times" (not here: the notebook's plain
+// matmul_allgather and matmul_psumscatter_overlapped_bidi; ring_gather_lhs is Tessera's own
+// example (c), not the notebook's): each ring step is one iteration that
 // ppermutes the moving block and multiplies the block it needs, found by dynamic_slice /
 // dynamic_update_slice at a traced `(axis_index ± i) % n` offset. So the compiled program holds
 // one loop whose body has the ppermute(s), whatever the ring's length.
 //
 // Each function is a shard_map body over the one mesh axis `axis` (n devices): it takes this
-// device's blocks and returns its block of lhs @ rhs. The specs, with M x K lhs and K x N rhs:
+// device's blocks and returns its block of lhs @ rhs, float32 (the accumulators are). The
+// specs, with M x K lhs and K x N rhs (REQUIRES as each says: a trace that breaks it fails
+// INVALID_ARGUMENT naming the sizes, where the notebook's split or reshape would raise):
 //
 //   ring_gather_lhs:  lhs P(axis, None), rhs P(None, axis) -> P(None, axis)   (M % n == 0)
 //     the rows of lhs travel around the ring; each step's product is written at its rows.
@@ -25,6 +29,8 @@
 #include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "tessera/tessera.h"
 
 namespace tessera::collective_matmul {
@@ -35,6 +41,17 @@ inline std::vector<std::pair<int64_t, int64_t>> shift(int64_t n, int64_t by) {
   std::vector<std::pair<int64_t, int64_t>> perm;
   for (int64_t i = 0; i < n; ++i) perm.emplace_back(i, ((i + by) % n + n) % n);
   return perm;
+}
+
+// Fails the trace unless `size` (what: which dimension of which operand) divides into `parts`
+// equal blocks along `axis` (the notebook's jnp.split / reshape raise there; a floor division
+// would silently drop the remainder).
+inline void require_blocks(const std::string& form, const std::string& what, int64_t size, int64_t parts,
+                           const std::string& axis) {
+  if (size % parts != 0) {
+    fail_trace(absl::InvalidArgumentError(absl::StrCat(form, ": ", what, " is ", size, ", not divisible into ", parts,
+                                                       " equal blocks over '", axis, "'")));
+  }
 }
 
 // An int32 scalar 0: a start index of dynamic_slice.
@@ -70,6 +87,7 @@ inline std::vector<Value> allgather_overlapped(const std::vector<Value>& in, con
   const int64_t n = axis_size(axis);
   const Value idx = axis_index(axis);
   const Value& lhs_block = in[0];
+  require_blocks("allgather_overlapped", "lhs's block's columns", lhs_block.shape()[1], n, axis);
   const int64_t b = lhs_block.shape()[1] / n;
   const auto lhs_blocks = [&](const Value& i) { return slice_in_dim(lhs_block, i * b, b, 1); };
   const Value out = matmul(lhs_blocks(idx), in[1]);
@@ -88,6 +106,7 @@ inline std::vector<Value> allgather_overlapped_bidi(const std::vector<Value>& in
   const int64_t n = axis_size(axis);
   const Value idx = axis_index(axis);
   const Value& lhs_block = in[0];
+  require_blocks("allgather_overlapped_bidi", "lhs's block's columns", lhs_block.shape()[1], 2 * n, axis);
   const int64_t b = lhs_block.shape()[1] / n / 2;  // half-size blocks
   const auto lhs_blocks = [&](const Value& i, int64_t hi) { return slice_in_dim(lhs_block, (2 * i + hi) * b, b, 1); };
   const auto block_matmul = [&](const Value& rhs_lo, const Value& rhs_hi, const Value& i_lo, const Value& i_hi) {
@@ -113,6 +132,7 @@ inline std::vector<Value> allgather_overlapped_bidi(const std::vector<Value>& in
 inline std::vector<Value> psumscatter_overlapped(const std::vector<Value>& in, const std::string& axis) {
   const int64_t n = axis_size(axis);
   const Value idx = axis_index(axis);
+  require_blocks("psumscatter_overlapped", "lhs's rows", in[0].shape()[0], n, axis);
   const int64_t rows = in[0].shape()[0] / n;
   const auto lhs_block = [&](const Value& j) { return slice_in_dim(in[0], j * rows, rows, 0); };
   const Value out = matmul(lhs_block((idx + 1) % n), in[1]);

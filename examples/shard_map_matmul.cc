@@ -71,7 +71,8 @@ bool check(const char* name, const absl::StatusOr<std::vector<Array>>& out, cons
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "Runs JAX's shard_map matmul examples (psum, psum_scatter, a ppermute ring) and checks them.\n"
+      "Runs JAX's shard_map matmul examples (psum, psum_scatter, a ppermute ring, the notebook's overlapped\n"
+      "collective matmuls as fori_loops) and checks them against the host.\n"
       "Usage: example_shard_map [--coordinator=HOST:PORT]");
   tessera::parse_flags(argc, argv, "example_shard_map", {{"coordinator", "TESSERA_COORDINATOR"}});
   const std::string address = absl::GetFlag(FLAGS_coordinator);
