@@ -10,7 +10,8 @@
 // bench/mpi_collectives.cc with mpicxx into a temporary directory.
 //
 //   bin/bench_collectives [--path=shm|grpc|both] [--ops=all_reduce,all_gather] [--bytes=4096,16777216]
-//                         [--iters=10] [--json] [--all_reduce_algorithm=tree]
+//                         [--iters=10] [--json] [--all_reduce_algorithm=tree] [--keep_results=false]
+//                         [--profile=/tmp/collectives]
 
 #include <unistd.h>
 
@@ -18,6 +19,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <optional>
 #include <sstream>
 
 #include "absl/flags/flag.h"
@@ -44,6 +46,11 @@ ABSL_FLAG(std::string, path, "both", "shm (workers share memory), grpc (workers 
 ABSL_FLAG(std::string, all_reduce_algorithm, "",
           "force every all_reduce up to 512 KiB to tree, recursive_doubling, direct or ring (tessera-worker's "
           "flag), to measure the thresholds of worker/collectives/algorithms.h");
+ABSL_FLAG(bool, keep_results, true,
+          "keep the timed runs' results until the last has run when they fit in 64 MiB per device, so that "
+          "freeing one does not overlap the next; false: each goes at once, as before session 43");
+ABSL_FLAG(std::string, profile, "",
+          "record every path's timed runs in a timeline, PATH-<path>.json (Client::profile); empty: no profile");
 
 namespace tessera {
 namespace {
@@ -100,6 +107,14 @@ absl::StatusOr<Result> run_tessera(const Client& client, const Mesh& mesh, const
       client.device_put(HostArray::ones(DType::kF32, {n * block[0], block[1]}), NamedSharding(mesh, P("x")));
   if (!x.ok()) return x.status();
   std::vector<double> times, e2e;
+  // An Array that goes frees its buffers on every worker (DeleteBuffers through the
+  // coordinator, asynchronously): dropped in the loop, the last result's frees would run during
+  // the next timed collective, as no MPI bench's do. The results are kept until the loop ends
+  // while they fit in kHeldBytes per device (the small sizes, whose time those frees distort
+  // most), otherwise each goes at once.
+  constexpr int64_t kHeldBytes = int64_t{64} << 20;
+  const bool hold = absl::GetFlag(FLAGS_keep_results) && (iters + 1) * bytes <= kHeldBytes;
+  std::vector<Array> held;
   for (int i = 0; i < iters + 1; ++i) {
     const absl::Time start = absl::Now();
     CollectiveTiming timing;
@@ -107,6 +122,7 @@ absl::StatusOr<Result> run_tessera(const Client& client, const Mesh& mesh, const
     absl::StatusOr<Array> y = run_collective(*x, spec, absl::Seconds(60), &timing);
     const double t = absl::ToDoubleSeconds(absl::Now() - start);
     if (!y.ok()) return y.status();
+    if (hold) held.push_back(*std::move(y));
     if (i == 0) continue;  // the first run warms the streams up
     times.push_back(absl::ToDoubleSeconds(timing.collective));
     e2e.push_back(t);
@@ -233,6 +249,15 @@ int run_path(Path path, int n, int iters, const std::vector<std::string>& ops, c
     return 1;
   }
   const bool json = absl::GetFlag(FLAGS_json);
+  std::optional<ProfileScope> profile;
+  if (const std::string p = absl::GetFlag(FLAGS_profile); !p.empty()) {
+    absl::StatusOr<ProfileScope> started = client->profile(absl::StrCat(p, "-", path_name(path), ".json"));
+    if (!started.ok()) {
+      std::fprintf(stderr, "bench_collectives: --profile: %s\n", started.status().ToString().c_str());
+      return 1;
+    }
+    profile.emplace(*std::move(started));
+  }
   // The reference of the same kind: MPI's shared memory for ours, its TCP for gRPC.
   const MpiResults& same = path == Path::kShm ? mpi_shm : mpi_tcp;
   for (const std::string& op : ops) {

@@ -40,8 +40,13 @@
 namespace tessera {
 namespace {
 
-using WorkerServiceBase =
-    pb::Worker::WithCallbackMethod_RunPlans<pb::Worker::WithRawCallbackMethod_Exchange<pb::Worker::Service>>;
+// DeleteBuffers is a callback method: an array's frees arrive while other calls run (the
+// next collective, say), and as a sync method each took a sync-server thread, so that gRPC
+// made a new poller for the call it overlapped and ended the thread over two pollers
+// afterwards: a thread made and ended per overlapping free (session 43, docs/design.md "The
+// 4 KiB all_reduce"). It only erases buffers from the store: nothing in it waits.
+using WorkerServiceBase = pb::Worker::WithCallbackMethod_DeleteBuffers<
+    pb::Worker::WithCallbackMethod_RunPlans<pb::Worker::WithRawCallbackMethod_Exchange<pb::Worker::Service>>>;
 
 // The reactor of a stream refused at its start (an unauthenticated or unauthorised caller):
 // it finishes with `status` at once and deletes itself when gRPC is done.
@@ -190,13 +195,18 @@ class WorkerService final : public WorkerServiceBase {
     return transfers_.get(ctx, *caller, req, writer);
   }
 
-  grpc::Status DeleteBuffers(grpc::ServerContext* ctx, const pb::DeleteBuffersRequest* req,
-                             pb::DeleteBuffersReply* reply) override {
+  grpc::ServerUnaryReactor* DeleteBuffers(grpc::CallbackServerContext* ctx, const pb::DeleteBuffersRequest* req,
+                                          pb::DeleteBuffersReply* reply) override {
+    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
     // Clients delete through the coordinator (DeleteArray), which checks the owner.
     absl::StatusOr<Caller> caller = auth_.require_coordinator(*ctx, Role::kAdmin, "DeleteBuffers");
-    if (!caller.ok()) return to_grpc(caller.status());
+    if (!caller.ok()) {
+      reactor->Finish(to_grpc(caller.status()));
+      return reactor;
+    }
     reply->set_deleted(runner_.delete_buffers(req->buffer_ids()));
-    return grpc::Status::OK;
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
   }
 
   grpc::Status RunCollective(grpc::ServerContext* ctx, const pb::WorkerCollectiveRequest* req,

@@ -352,6 +352,9 @@ TEST_F(SyncThreadsTest, WorkerRefusesSyncCallsBeyondItsThreadsAndKeepsRunningPla
   absl::StatusOr<std::vector<Device>> devices = client_->devices();
   ASSERT_TRUE(devices.ok()) << devices.status();
   auto stub = pb::Worker::NewStub(make_channel((*devices)[kBusy].address, identity()));
+  // Its block on the busy device is freed while the device's threads are held (below).
+  absl::StatusOr<Array> freed_later = client_->device_put(host_, NamedSharding(*mesh_, P("x", None)));
+  ASSERT_TRUE(freed_later.ok()) << freed_later.status();
   Occupation<StalledPut> puts(stub.get());
   auto stats = [&stub](pb::WorkerStats* reply) {
     grpc::ClientContext ctx;
@@ -360,6 +363,22 @@ TEST_F(SyncThreadsTest, WorkerRefusesSyncCallsBeyondItsThreadsAndKeepsRunningPla
   };
   pb::WorkerStats ignored;
   puts.expect_refused_beyond_the_threads([&] { return stats(&ignored); });
+  // DeleteBuffers is a callback method (session 43): the coordinator's frees still reach that
+  // device, and its block of freed_later goes. As a synchronous method it was refused here
+  // "Server Threadpool Exhausted", and each free that overlapped another call made and ended
+  // a thread of gRPC's.
+  {
+    auto admin = pb::Worker::NewStub(
+        make_channel((*devices)[kBusy].address, std::make_shared<CallIdentity>(credentials_.admin)));
+    grpc::ClientContext ctx;
+    set_deadline(&ctx, kControlDeadline);
+    pb::DeleteBuffersRequest req;
+    req.add_buffer_ids(freed_later->id());
+    pb::DeleteBuffersReply deleted;
+    const grpc::Status freed = admin->DeleteBuffers(&ctx, req, &deleted);
+    ASSERT_TRUE(freed.ok()) << freed.error_code() << " " << freed.error_message();
+    EXPECT_EQ(deleted.deleted(), 1);
+  }
   // A put to that device is refused at once, saying so.
   absl::StatusOr<Array> refused = client_->device_put(host_, NamedSharding(*mesh_, P("x", None)));
   ASSERT_FALSE(refused.ok());
