@@ -855,6 +855,104 @@ TEST_F(ExplicitJitTest, DevicePutOntoAnUnreducedSpecPutsTheValueOnTheFirstDevice
         "f32[8@X,3]{U:Y}");
 }
 
+// device_put of an unreduced Array onto another mesh (issue 16 item 2b). tests/pjit_test.py
+// test_device_put_unreduced_via_runtime_transfer: x = jnp.dot of a (2, 4) P(None, 'x') and a
+// (4, 2) P('x', None) with out_sharding P(unreduced={'x'}) on a (2,) mesh, put onto
+// P(unreduced={'x'}) of another (2,) mesh: each shard of the result is the shard of x at the
+// same place (its partial sum, not a replica) and both sum to the same value. Tessera matches
+// the terms by coordinates along the unreduced axes, so the target may split other dimensions
+// over other axes; onto other unreduced axes (JAX: a jitted reshard, which cannot span meshes)
+// the sum runs first on x's mesh. A reduced array moves as a replicated one.
+TEST_F(ExplicitJitTest, DevicePutOfAnUnreducedArrayOntoAnotherMeshMovesEachTermToItsCounterpartAsJax) {
+  absl::StatusOr<Mesh> line = client_->make_mesh({2}, {"x"}, {0, 1}, {AxisType::kExplicit});
+  ASSERT_TRUE(line.ok()) << line.status();
+  // The same devices in the other order: device 1 takes the term of device 0 (not its own).
+  absl::StatusOr<Mesh> other = client_->make_mesh({2}, {"x"}, {1, 0}, {AxisType::kExplicit});
+  ASSERT_TRUE(other.ok()) << other.status();
+  const HostArray a = random_f32({4, 6}, 61), b = random_f32({6, 4}, 62);
+  // Device k along 'x' holds columns 3k..3k+2 of a and rows 3k..3k+2 of b: its partial sum.
+  std::vector<HostArray> partial;
+  for (int k = 0; k < 2; ++k) partial.push_back(HostArray::zeros(DType::kF32, {4, 4}));
+  for (int64_t i = 0; i < 4; ++i) {
+    for (int64_t j = 0; j < 4; ++j) {
+      for (int64_t l = 0; l < 6; ++l) {
+        partial[l / 3].mutable_values<float>()[i * 4 + j] +=
+            a.values<float>()[i * 6 + l] * b.values<float>()[l * 4 + j];
+      }
+    }
+  }
+  const std::vector<double> full = matmul_ref(a, b);
+  const PartitionSpec unreduced = P().with_unreduced({"x"});
+  Jitted dot = jit([&](const std::vector<Value>& in) { return std::vector<Value>{matmul(in[0], in[1], unreduced)}; });
+  absl::StatusOr<std::vector<Array>> c = dot({put_on(*line, a, P(None, "x")), put_on(*line, b, P("x", None))});
+  ASSERT_TRUE(c.ok()) << c.status();
+  const Array x = (*c)[0];
+  ASSERT_EQ(type_of(x).to_string(), "f32[4,4]{U:x}");
+  // Each shard of `put` is its block of the partial sum of the device at its coordinate along
+  // `axis` of its mesh; summed on its mesh, the product.
+  auto check_terms = [&](const absl::StatusOr<Array>& put, const std::string& axis, const std::string& type) {
+    ASSERT_TRUE(put.ok()) << put.status();
+    EXPECT_EQ(type_of(*put).to_string(), type);
+    const Mesh& mesh = put->sharding().mesh();
+    for (const Shard& shard : put->addressable_shards()) {
+      const auto& ids = mesh.device_ids();
+      const int64_t position = std::find(ids.begin(), ids.end(), shard.device_id()) - ids.begin();
+      const int64_t term = mesh.coords(position)[mesh.axis_index(axis)];
+      absl::StatusOr<HostArray> data = shard.data();
+      ASSERT_TRUE(data.ok()) << data.status();
+      SCOPED_TRACE(absl::StrCat("device ", shard.device_id(), " block ", index_to_string(shard.index())));
+      const HostArray want = extract_block(partial[term], shard.index());
+      expect_near(*data, std::vector<double>(want.values<float>().begin(), want.values<float>().end()), 1e-5);
+    }
+    absl::StatusOr<Array> summed = reshard(*put, NamedSharding(mesh, P()));
+    ASSERT_TRUE(summed.ok()) << summed.status();
+    expect_near(fetch(*summed), full, 1e-4);
+  };
+  check_terms(x, "x", "f32[4,4]{U:x}");
+  // JAX's case: the same spec on another mesh of the same size.
+  absl::StatusOr<Array> moved = client_->device_put(x, NamedSharding(*other, unreduced));
+  check_terms(moved, "x", "f32[4,4]{U:x}");
+  ASSERT_TRUE(moved.ok());
+  for (size_t k = 0; k < 2; ++k) {
+    absl::StatusOr<HostArray> before = x.addressable_shards()[k].data(), after = moved->addressable_shards()[k].data();
+    ASSERT_TRUE(before.ok() && after.ok());
+    EXPECT_TRUE(*before == *after) << "shard " << k;
+  }
+  // Onto a (2, 2) mesh of other devices, rows split over 'y': by coordinates along 'x' (7 and 6
+  // take device 0's term, 3 and 4 device 1's).
+  absl::StatusOr<Mesh> square =
+      client_->make_mesh({2, 2}, {"x", "y"}, {7, 6, 3, 4}, {AxisType::kExplicit, AxisType::kExplicit});
+  ASSERT_TRUE(square.ok()) << square.status();
+  check_terms(client_->device_put(x, NamedSharding(*square, P("y", None).with_unreduced({"x"}))), "x",
+              "f32[4@y,4]{U:x}");
+  // Onto no unreduced axis, or another one: the sum first, then the move.
+  absl::StatusOr<Array> plain = client_->device_put(x, NamedSharding(*other, P(None, "x")));
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(type_of(*plain).to_string(), "f32[4,4@x]");
+  expect_near(fetch(*plain), full, 1e-4);
+  absl::StatusOr<Mesh> four = client_->make_mesh({4}, {"z"}, {4, 5, 6, 7}, {AxisType::kExplicit});
+  ASSERT_TRUE(four.ok()) << four.status();
+  absl::StatusOr<Array> onto_z = client_->device_put(x, NamedSharding(*four, P().with_unreduced({"z"})));
+  ASSERT_TRUE(onto_z.ok()) << onto_z.status();
+  EXPECT_EQ(type_of(*onto_z).to_string(), "f32[4,4]{U:z}");
+  absl::StatusOr<Array> z_summed = reshard(*onto_z, NamedSharding(*four, P()));
+  ASSERT_TRUE(z_summed.ok()) << z_summed.status();
+  expect_near(fetch(*z_summed), full, 1e-4);
+  // A reduced array is replicated over its reduced axes: every device of the target holds its
+  // block of the value.
+  const Array reduced = put_on(*line, a, P().with_reduced({"x"}));
+  for (const PartitionSpec& spec : {P().with_reduced({"x"}), P("x", None)}) {
+    absl::StatusOr<Array> put = client_->device_put(reduced, NamedSharding(*other, spec));
+    ASSERT_TRUE(put.ok()) << put.status();
+    EXPECT_EQ(put->sharding(), NamedSharding(*other, spec));
+    for (const Shard& shard : put->addressable_shards()) {
+      absl::StatusOr<HostArray> data = shard.data();
+      ASSERT_TRUE(data.ok()) << data.status();
+      EXPECT_TRUE(*data == extract_block(a, shard.index())) << "device " << shard.device_id();
+    }
+  }
+}
+
 // Reduced types (issue 16 item 2; JAX's docs/new_docs/301/sharding-ad.md): a value typed
 // P(..., reduced={'x'}) is laid out replicated over 'x', printed `f32[4]{R:x}`, and its
 // cotangent is unreduced over 'x'. The elementwise rules are JAX's default_nary_reduced_rule
