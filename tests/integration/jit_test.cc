@@ -2,6 +2,7 @@
 // out here, across layouts that need no communication, all_reduce, reduce_scatter,
 // all_to_all, all_gather and local slices; compilation caching; errors.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -18,6 +19,35 @@
 
 namespace tessera {
 namespace {
+
+// lax.pad on the host (numpy's definition): `x` of shape `shape`, row-major, padded by
+// (low, high, interior) per dimension with `fill`; negative low / high crop.
+std::vector<double> host_pad(const std::vector<double>& x, const std::vector<int64_t>& shape,
+                             const std::vector<std::array<int64_t, 3>>& config, double fill) {
+  std::vector<int64_t> out(shape.size());
+  for (size_t d = 0; d < shape.size(); ++d) {
+    out[d] = config[d][0] + config[d][1] + shape[d] + std::max<int64_t>(shape[d] - 1, 0) * config[d][2];
+  }
+  int64_t size = 1;
+  for (int64_t n : out) size *= n;
+  std::vector<double> r(static_cast<size_t>(size), fill);
+  std::vector<int64_t> at(shape.size(), 0);
+  for (size_t i = 0; i < x.size(); ++i) {
+    int64_t flat = 0;
+    bool inside = true;
+    for (size_t d = 0; d < shape.size(); ++d) {
+      const int64_t o = config[d][0] + at[d] * (config[d][2] + 1);
+      inside = inside && o >= 0 && o < out[d];
+      flat = flat * out[d] + o;
+    }
+    if (inside) r[static_cast<size_t>(flat)] = x[i];
+    for (size_t d = shape.size(); d-- > 0;) {
+      if (++at[d] < shape[d]) break;
+      at[d] = 0;
+    }
+  }
+  return r;
+}
 
 using ::tessera::jit_support::expect_near;
 using ::tessera::jit_support::random_f32;
@@ -780,6 +810,46 @@ TEST_F(ExplicitJitTest, GradientsFlowThroughUnreducedContractions) {
   expect_near(fetch((*g)[1]), want_b, 1e-4);
 }
 
+// grad through a pad of an unreduced value: pad is linear (jax/_src/lax/lax.py,
+// ad.deflinear2(pad_p, _pad_transpose): the operand's cotangent is the padded cotangent's
+// interior), and the unreduced operand's cotangent is reduced. L = sum(reshard(pad(a @ b, 0),
+// P()) * W) with W nonzero in the padded region, so a cotangent that kept the fills, or cropped
+// the wrong rows or columns, shows: dL/d(a @ b) is W's interior Wc; dL/da = Wc b^T and
+// dL/db = a^T Wc. (With a padding value unreduced over the same axes, sum(a @ b), the forward
+// runs, UnreducedValuesPassThroughLinearOps, but its grad is refused: see docs/design.md.)
+TEST_F(ExplicitJitTest, GradientsFlowThroughAPadOfAnUnreducedValue) {
+  const Mesh mesh = explicit_mesh();
+  const HostArray a = random_f32({8, 16}, 63), b = random_f32({16, 4}, 64), w = random_f32({11, 6}, 65);
+  const PartitionSpec unreduced = P(None, None).with_unreduced({"Y"});
+  // Padding (1, 2) rows and (2, 0) columns: the product sits at rows 1..8, columns 2..5.
+  std::vector<double> want_a(8 * 16, 0.0), want_b(16 * 4, 0.0);
+  for (int64_t i = 0; i < 8; ++i) {
+    for (int64_t l = 0; l < 16; ++l) {
+      for (int64_t j = 0; j < 4; ++j) {
+        const double g_c = w.values<float>()[(i + 1) * 6 + j + 2];
+        want_a[i * 16 + l] += g_c * b.values<float>()[l * 4 + j];
+        want_b[l * 4 + j] += a.values<float>()[i * 16 + l] * g_c;
+      }
+    }
+  }
+  std::string type;
+  Jitted step = jit(grad(
+      [&](const std::vector<Value>& p) {
+        const Value padded = pad(matmul(p[0], p[1], unreduced), full({}, 0.0, DType::kF32), {{1, 2, 0}, {2, 0, 0}});
+        type = type_of(padded).to_string();
+        return std::vector<Value>{sum(reshard(padded, P()) * p[2])};
+      },
+      {0, 1}));
+  absl::StatusOr<std::vector<Array>> g =
+      step({put_on(mesh, a, P(None, "Y")), put_on(mesh, b, P("Y", None)), put_on(mesh, w, P())});
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(type, "f32[11,6]{U:Y}");
+  EXPECT_EQ(type_of((*g)[0]).to_string(), "f32[8,16@Y]");
+  EXPECT_EQ(type_of((*g)[1]).to_string(), "f32[16@Y,4]");
+  expect_near(fetch((*g)[0]), want_a, 1e-4);
+  expect_near(fetch((*g)[1]), want_b, 1e-4);
+}
+
 // What JAX refuses of unreduced values (jax/_src/lax/lax.py): a nonlinear op (unop_ur_rule /
 // nary_ur_rule: "unreduced rule for cos is not implemented"; the note's jnp.cos(c)), sub
 // (standard_naryop, no unreduced rule), add of an unreduced and a reduced operand
@@ -1218,6 +1288,10 @@ TEST_F(ExplicitJitTest, UnreducedValuesPassThroughLinearOps) {
     for (int t = 0; t < times; ++t) r.insert(r.end(), full.begin(), full.end());
     return r;
   };
+  // lax.pad of the 8 x 4 product on the host (numpy's definition: `fill` around and between).
+  const std::vector<double> padded_rows = host_pad(full, {8, 4}, {{1, 2, 0}, {0, 0, 0}}, 0.0);
+  const std::vector<double> padded_both = host_pad(full, {8, 4}, {{-1, 2, 1}, {1, 0, 0}}, 0.0);
+  const std::vector<double> padded_with_total = host_pad(full, {8, 4}, {{2, 1, 0}, {1, 2, 0}}, total[0]);
   struct Case {
     const char* name;
     std::function<Value(const Value&)> op;
@@ -1265,6 +1339,24 @@ TEST_F(ExplicitJitTest, UnreducedValuesPassThroughLinearOps) {
          return concatenate({c, reshape(transpose(c, {1, 0}), {8, 4})}, 1);
        },
        "f32[8,8]{U:Y}", side_by_side},
+      // JAX's _pad_ur_rule (jax/_src/lax/lax.py) keeps the operand's unreduced axes: with a
+      // zero padding value (jnp.pad's default; lax.pad with interior and negative padding) and
+      // with one unreduced over the same axes (each device pads its term with its term).
+      {"jnp.pad with zeros",
+       [](const Value& c) {
+         return pad(c, {{1, 2}, {0, 0}});
+       },
+       "f32[11,4]{U:Y}", padded_rows},
+      {"lax.pad with interior and negative padding",
+       [](const Value& c) {
+         return pad(c, tessera::full({}, 0.0, DType::kF32), {{-1, 2, 1}, {1, 0, 0}});
+       },
+       "f32[16,5]{U:Y}", padded_both},
+      {"lax.pad with an unreduced padding value",
+       [](const Value& c) {
+         return pad(c, sum(c), {{2, 1, 0}, {1, 2, 0}});
+       },
+       "f32[11,7]{U:Y}", padded_with_total},
   };
   for (const Case& k : cases) {
     SCOPED_TRACE(k.name);
@@ -1546,14 +1638,21 @@ TEST_F(ExplicitJitTest, UnreducedValuesPassThroughSlicesSqueezesAndSelects) {
               ::testing::AllOf(HasSubstr("select: select cases must have the same shardings, got [f32[8,4]{U:Y}, "
                                          "f32[8,4]]"),
                                HasSubstr("reshard the unreduced operand first")));
-  // And what Tessera refuses where JAX goes on: pad (_pad_ur_rule keeps the operand's unreduced
-  // axes; Tessera's pad would add its fills to every device's term).
-  EXPECT_THAT(refusal([](const Value& c, const Value&) {
-                return pad(c, {{1, 1}, {0, 0}}, 0.0);
+  // And what Tessera refuses where JAX goes on: pad with a value neither zero nor unreduced over
+  // the same axes (_pad_ur_rule keeps the operand's unreduced axes, and each device's term is
+  // padded with the value: the sum would hold it once per device).
+  for (const double fill : {1.0, -2.5}) {
+    EXPECT_THAT(refusal([&](const Value& c, const Value&) {
+                  return pad(c, {{1, 1}, {0, 0}}, fill);
+                }),
+                ::testing::AllOf(HasSubstr("pad: padding an operand unreduced over {'Y'} with a padding value "
+                                           "that is neither zero nor unreduced over the same axes"),
+                                 HasSubstr("(operand f32[8,4]{U:Y}); pad with zero and add the padding afterwards")));
+  }
+  EXPECT_THAT(refusal([](const Value& c, const Value& w) {
+                return pad(c, sum(w), {{1, 1, 0}, {0, 0, 0}});
               }),
-              ::testing::AllOf(HasSubstr("pad: padding an operand unreduced over {'Y'} is not built yet (JAX's "
-                                         "_pad_ur_rule keeps its unreduced axes)"),
-                               HasSubstr("(operand f32[8,4]{U:Y}); reshard the unreduced operand first")));
+              HasSubstr("pad: padding an operand unreduced over {'Y'} with a padding value that is neither zero"));
 }
 
 // What JAX refuses of an unreduced operand of the other ops, each with JAX's words, the op, the
