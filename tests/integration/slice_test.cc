@@ -110,6 +110,19 @@ class SliceTest : public jit_support::LocalJitSuite {
       EXPECT_THAT(program, ::testing::Not(HasSubstr("collective_permute"))) << program;
     }
   }
+  // The program of a padding of x split as `spec` (what add_padding predicts: `kept` and its
+  // `permutes`): an all_gather when the split is not kept, else the result split as x with
+  // exactly `permutes` collective_permutes and no other collective.
+  static void expect_padding_program(bool kept, size_t permutes, const Jitted& f, const Array& got,
+                                     const PartitionSpec& spec) {
+    if (!kept) {
+      EXPECT_THAT(f.as_text(), HasSubstr("all_gather")) << f.as_text();
+      return;
+    }
+    EXPECT_EQ(got.sharding().spec(), spec);
+    expect_no_collective_but_permute(f.as_text(), permutes > 0);
+    EXPECT_EQ(count_of(f.as_text(), "collective_permute"), permutes) << f.as_text();
+  }
 };
 
 struct StridedCase {
@@ -424,13 +437,7 @@ TEST_F(SliceTest, GradOfAUnitStrideHaloSliceKeepsTheCotangentSplit) {
           if (absl::string_view(c.name) == "x[40:64]" && mesh.axis_names().size() == 1) {
             EXPECT_FALSE(plan.kept);
           }
-          if (!plan.kept) {
-            EXPECT_THAT(f.as_text(), HasSubstr("all_gather")) << f.as_text();
-            continue;
-          }
-          EXPECT_EQ((*got)[0].sharding().spec(), spec);
-          expect_no_collective_but_permute(f.as_text(), plan.permutes > 0);
-          EXPECT_EQ(count_of(f.as_text(), "collective_permute"), plan.permutes) << f.as_text();
+          expect_padding_program(plan.kept, plan.permutes, f, (*got)[0], spec);
         }
       }
     }
@@ -485,13 +492,7 @@ TEST_F(SliceTest, PadOfASplitDimensionExchangesHalosAndFillsTheRest) {
             if (type == AxisType::kExplicit) continue;
             PaddingPlan plan;
             add_padding(plan, low, 24, high, mesh.axes_size(spec.dims()[0]));
-            if (!plan.kept) {
-              EXPECT_THAT(f.as_text(), HasSubstr("all_gather")) << f.as_text();
-              continue;
-            }
-            EXPECT_EQ((*got)[0].sharding().spec(), spec);
-            expect_no_collective_but_permute(f.as_text(), plan.permutes > 0);
-            EXPECT_EQ(count_of(f.as_text(), "collective_permute"), plan.permutes) << f.as_text();
+            expect_padding_program(plan.kept, plan.permutes, f, (*got)[0], spec);
           }
         }
       }
