@@ -22,6 +22,7 @@
 #include "core/shm_transfer.h"
 #include "core/slicing.h"
 #include "core/status.h"
+#include "core/unreduced_move.h"
 #include "core/wire.h"
 #include "grpcpp/alarm.h"
 #include "proto/auth.h"
@@ -622,20 +623,28 @@ absl::StatusOr<Array> Client::device_put(const Array& x, const NamedSharding& sh
                                  state.client, state.buffers, state.dtype, state.shape, state.sharding));
   }
   if (sharding.mesh() == x.sharding().mesh()) return internal::relayout_on_mesh(x, sharding);
-  if (sharding.spec().has_unreduced_or_reduced() && !x.sharding().spec().has_unreduced_or_reduced()) {
-    // Onto an unreduced or reduced spec of another mesh (JAX: jnp.arange(4) then device_put(.,
+  const PartitionSpec& from = x.sharding().spec();
+  if (!from.unreduced().empty() && !check_unreduced_move(x.sharding(), sharding).ok()) {
+    // Unreduced onto another mesh but not onto the same unreduced axes: the sum first, on x's
+    // mesh (its partitions kept), then the move. JAX has no such move across devices (its
+    // device_put jits a reshard, dispatch.py _device_put_sharding_impl); the value is kept.
+    TESSERA_ASSIGN_OR_RETURN(
+        Array summed, internal::relayout_on_mesh(x, NamedSharding(x.sharding().mesh(), from.with_unreduced({}))));
+    return device_put(summed, sharding);
+  }
+  if (from.unreduced().empty() && !sharding.spec().unreduced().empty()) {
+    // Onto an unreduced spec of another mesh (JAX: jnp.arange(4) then device_put(.,
     // P(unreduced={'x'})), pjit_test.py test_device_put_unreduced_via_jit): the blocks move as
     // the spec's partitions say, then the cast runs on that mesh (the compiler's kUnreduce).
     TESSERA_ASSIGN_OR_RETURN(Array moved,
-                             device_put(x, NamedSharding(sharding.mesh(), sharding.spec().partitions_only())));
+                             device_put(x, NamedSharding(sharding.mesh(), sharding.spec().with_unreduced({}))));
     return internal::relayout_on_mesh(moved, sharding);
   }
-  if (sharding.spec().has_unreduced_or_reduced() || x.sharding().spec().has_unreduced_or_reduced()) {
-    return absl::UnimplementedError(
-        absl::StrCat("device_put: from ", x.sharding().spec().to_string(), " on ", x.sharding().mesh().to_string(),
-                     " to ", sharding.spec().to_string(), " on ", sharding.mesh().to_string(),
-                     ": unreduced and reduced specs move within one mesh only (reshard(x, P(...)) there first)"));
-  }
+  // Else the coordinator moves the blocks: a reduced axis lays its array out as a replicated
+  // one, and an unreduced array onto the same unreduced axes moves term by term, each device
+  // getting the term of the device at its coordinates along them (coordinator/block_moves.h;
+  // JAX moves each shard to its counterpart, pjit_test.py
+  // test_device_put_unreduced_via_runtime_transfer).
   impl_->flush_deletes().IgnoreError();
   ProfileSpan span(&impl_->profile(), "client", [] { return std::string("device_put (reshard)"); });
   TESSERA_ASSIGN_OR_RETURN(uint64_t input_id, state.ready_id());

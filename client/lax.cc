@@ -175,12 +175,32 @@ Value pad(const Value& x, const Value& padding_value, const std::vector<PadDim>&
                                      ", ", p.high, ", ", p.interior, ") would have negative size ", out[d]));
     }
   }
+  std::optional<internal::TypedOperand> typed = internal::typed_operand(x);
+  // The fills' scalar: padding_value, or, for an operand unreduced over some axes, the same
+  // value typed unreduced over them (see pad_type_rule).
+  Value fill_value = padding_value;
+  if (typed.has_value() && !typed->unreduced.empty()) {
+    std::optional<internal::TypedOperand> typed_value = internal::typed_operand(padding_value);
+    const Node& v = t->graph.node(TraceState::id(TraceState::local(padding_value)));
+    const std::optional<double> constant =
+        v.op == Op::kConstant ? std::optional<double>(v.attrs<ConstantAttrs>().value.to_double()) : std::nullopt;
+    const bool zero = constant == 0.0;
+    const bool same_terms = typed_value.has_value() && typed_value->unreduced == typed->unreduced;
+    internal::TypeRuleResult r = internal::pad_unreduced_rule(*typed, zero || same_terms);
+    if (!r.error.empty()) return t->fail(internal::type_rule_error("pad", {*typed}, r));
+    if (!same_terms) {
+      const PartitionSpec unreduced = PartitionSpec().with_unreduced(typed->unreduced);
+      // A zero of every device's term (-0.0 kept), typed unreduced as the vjp's zeros are.
+      fill_value = internal::with_out_sharding("pad", padding_value, unreduced,
+                                               [&] { return full({}, *constant, padding_value.dtype()); });
+    }
+  }
   auto padded = [&] {
     Value y = x;
     for (int64_t d = 0; d < x.rank(); ++d) {
       const PadDim& p = config[d];
       const int64_t n = y.shape()[d];
-      auto fill = [&](const Shape& s) { return broadcast_in_dim(padding_value, s, {}); };
+      auto fill = [&](const Shape& s) { return broadcast_in_dim(fill_value, s, {}); };
       if (p.interior > 0 && n > 1) {  // each element followed by `interior` fills, the last one's dropped
         Shape column = y.shape();
         column.insert(column.begin() + d + 1, 1);
@@ -201,13 +221,22 @@ Value pad(const Value& x, const Value& padding_value, const std::vector<PadDim>&
   };
   // In explicit mode, lax.py's _pad_sharding_rule gives the result's type; the steps between
   // are the compiler's to lay out.
-  std::optional<internal::TypedOperand> typed = internal::typed_operand(x);
   if (!typed.has_value()) return padded();
   internal::TypeRuleResult r = internal::pad_type_rule(*t->explicit_mesh, *typed, out);
   if (!r.error.empty()) return t->fail(internal::type_rule_error("pad", {*typed}, r));
-  // Reduced as the operand (JAX's _pad_ur_rule: getr(operand)); an unreduced one is refused above.
-  return internal::with_out_sharding("pad", x, internal::to_partition_spec(r.spec).with_reduced(typed->reduced),
-                                     padded);
+  // Unreduced and reduced as the operand (JAX's _pad_ur_rule: getu(operand), getr(operand)).
+  const PartitionSpec spec =
+      internal::to_partition_spec(r.spec).with_unreduced(typed->unreduced).with_reduced(typed->reduced);
+  if (typed->unreduced.empty()) return internal::with_out_sharding("pad", x, spec, padded);
+  // An unreduced operand's steps keep its axes (fills, concatenates, reshapes and slices of
+  // terms): typed as ops without an out_sharding, once made (their layouts are the compiler's
+  // until the result is pinned, as with_out_sharding's are), then the result pinned to its type.
+  ++t->deferred_typing;
+  const Value y = padded();
+  --t->deferred_typing;
+  const absl::Status steps = t->type_new_nodes();
+  if (!steps.ok()) return t->fail(steps);
+  return internal::reshard_for("pad", y, spec);
 }
 
 Value pad(const Value& x, std::vector<std::pair<int64_t, int64_t>> pad_width, double constant_value) {

@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <optional>
+#include <string>
+
+#include "core/unreduced_move.h"
 
 namespace tessera {
 namespace {
@@ -17,27 +20,47 @@ std::optional<Index> intersect(const Index& a, const Index& b) {
   return out;
 }
 
+// The term of a sum the device at `position` of `sharding`'s mesh holds, when the array is
+// unreduced over `axes`: its coordinates along them (empty for none).
+std::vector<int64_t> term_at(const NamedSharding& sharding, int64_t position, const std::vector<std::string>& axes) {
+  std::vector<int64_t> term;
+  if (axes.empty()) return term;
+  const std::vector<int64_t> coords = sharding.mesh().coords(position);
+  for (const std::string& axis : axes) term.push_back(coords[sharding.mesh().axis_index(axis)]);
+  return term;
+}
+
 }  // namespace
 
 std::vector<BlockMove> plan_block_moves(const Shape& shape, const NamedSharding& from, const NamedSharding& to) {
-  // The distinct blocks of `from`, each with its holders in mesh order.
+  // The terms an unreduced `from` holds: a device takes its boxes from the devices of its own
+  // term only (they hold different values, not replicas). Replicas otherwise, as when the
+  // sharding is not a move check_unreduced_move accepts (a caller's error: then any holder).
+  const std::vector<std::string> axes =
+      check_unreduced_move(from, to).ok() ? from.spec().unreduced() : std::vector<std::string>{};
+  // The distinct blocks of `from` (by term), each with its holders in mesh order.
   struct Held {
     Index block;
+    std::vector<int64_t> term;
     std::vector<int> holders;
     size_t next = 0;  // the holder that sends the next box another device needs
   };
   std::vector<Held> held;
   for (const DeviceShard& s : from.device_shards(shape)) {
-    auto it = std::find_if(held.begin(), held.end(), [&](const Held& h) { return h.block == s.index; });
+    std::vector<int64_t> term = term_at(from, s.mesh_position, axes);
+    auto it =
+        std::find_if(held.begin(), held.end(), [&](const Held& h) { return h.block == s.index && h.term == term; });
     if (it == held.end()) {
-      held.push_back({s.index, {s.device_id}});
+      held.push_back({s.index, std::move(term), {s.device_id}});
     } else {
       it->holders.push_back(s.device_id);
     }
   }
   std::vector<BlockMove> moves;
   for (const DeviceShard& t : to.device_shards(shape)) {
+    const std::vector<int64_t> term = term_at(to, t.mesh_position, axes);
     for (Held& h : held) {
+      if (h.term != term) continue;
       std::optional<Index> box = intersect(t.index, h.block);
       if (!box.has_value()) continue;
       int source;

@@ -1,6 +1,7 @@
 // Block moves: how an array goes from one sharding to another, device to device (ReshardArray,
 // the coordinator's side of device_put of an array already on devices). The two shardings may
-// be on different meshes and different devices.
+// be on different meshes and different devices. An array unreduced over some axes moves term by
+// term: each device takes its boxes from the devices at its own coordinates along them.
 //
 //   // (8,) on devices 0..3 split over 'x', to devices 4..7 split over 'x': four moves 0 -> 4, ...
 //   std::vector<BlockMove> moves = plan_block_moves({8}, NamedSharding(low, P("x")),
@@ -15,6 +16,7 @@
 
 #include "core/shape.h"
 #include "core/sharding.h"
+#include "core/unreduced_move.h"
 #include "proto/tessera.pb.h"
 
 namespace tessera {
@@ -28,8 +30,9 @@ struct BlockMove {
 };
 
 // The moves that give every device of `to` its block: each block of `to` is covered exactly
-// once by its intersections with the distinct blocks of `from` (empty ones left out). A box
-// comes from the target itself when it holds that block of `from` (a local copy), else from
+// once by its intersections with the distinct blocks of `from` (empty ones left out; with an
+// unreduced `from` that check_unreduced_move accepts, the blocks of the target's term only). A
+// box comes from the target itself when it holds that block of `from` (a local copy), else from
 // the block's holders in turn, so replicas share the sends. Ordered by target, then by the
 // block's first device in `from`. REQUIRES: from.validate(shape) and to.validate(shape).
 std::vector<BlockMove> plan_block_moves(const Shape& shape, const NamedSharding& from, const NamedSharding& to);

@@ -784,6 +784,8 @@ class CoordinatorService final : public CoordinatorServiceBase {
     TESSERA_ASSIGN_OR_RETURN(NamedSharding target, sharding_from_proto(req.sharding()));
     absl::Status fits = target.validate(in.shape);
     if (!fits.ok()) return absl::InvalidArgumentError(absl::StrCat(what, ": ", fits.message()));
+    absl::Status terms = check_unreduced_move(in.sharding, target);
+    if (!terms.ok()) return absl::InvalidArgumentError(absl::StrCat(what, ": ", terms.message()));
     TESSERA_ASSIGN_OR_RETURN(const absl::Duration timeout, run_timeout("ReshardArray", req.timeout_ms()));
     TESSERA_RETURN_IF_ERROR(check_not_lost(registry_, in, what));
     await_registration(target.mesh().device_ids());

@@ -51,6 +51,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   absl::Status fits = to->validate(shape);
   fuzz::check_rejection(fits, "validate");
   if (!fits.ok()) return 0;
+  absl::Status terms = check_unreduced_move(from, *to);
+  fuzz::check_rejection(terms, "check_unreduced_move");
+  if (!terms.ok()) return 0;
   absl::StatusOr<uint64_t> out_id = fuzz::eight_device_registry().create_array(dtype, shape, *to, 0);
   fuzz::check_rejection(out_id.status(), "create_array of the result",
                         {absl::StatusCode::kInvalidArgument, absl::StatusCode::kNotFound});

@@ -206,21 +206,25 @@ UnreducedRuleResult concatenate_unreduced(const TypeRuleCall& c) {
 
 }  // namespace
 
-// JAX's _pad_ur_rule (jax/_src/lax/lax.py) keeps the operand's unreduced axes, whatever the
-// padding value. Tessera does not yet: its pad joins the operand with fills of the padding value,
-// and a fill is no device's term of the pending sum (each device would add it, so the sum would
-// count it once per device), so an unreduced operand is refused here, naming pad, rather than by
-// the concatenate inside it.
+// jax/_src/lax/lax.py, _pad_sharding_rule: the operand's spec where the padding keeps the
+// dimension's size or the dimension is unsplit.
 TypeRuleResult pad_type_rule(const Mesh& mesh, const TypedOperand& x, const Shape& out) {
-  if (!x.unreduced.empty()) {
-    return TypeRuleResult{{},
-                          absl::StrCat("padding an operand unreduced over ", axis_set_repr(x.unreduced),
-                                       " is not built yet (JAX's _pad_ur_rule keeps its unreduced axes): each "
-                                       "device's term would be padded with the padding value, which the sum would "
-                                       "then count once per device"),
-                          kReduceFirstFix};
-  }
   return varying_shape(mesh, x, out, "padding");
+}
+
+// JAX's _pad_ur_rule (jax/_src/lax/lax.py) keeps the operand's unreduced axes, whatever the
+// padding value: each device pads its term with it, so the sum holds the value once per device
+// along them. Tessera keeps them where that sum is pad(sum, value): a padding value of zero, or
+// one unreduced over the same axes (each device pads its term with its term of the value); it
+// refuses another value rather than count it once per device.
+TypeRuleResult pad_unreduced_rule(const TypedOperand& x, bool padding_value_sums) {
+  if (padding_value_sums) return TypeRuleResult{x.spec, "", ""};
+  return TypeRuleResult{{},
+                        absl::StrCat("padding an operand unreduced over ", axis_set_repr(x.unreduced),
+                                     " with a padding value that is neither zero nor unreduced over the same axes: "
+                                     "each device's term would be padded with it (JAX's _pad_ur_rule), so the sum "
+                                     "would count it once per device"),
+                        "pad with zero and add the padding afterwards, or reshard the unreduced operand first"};
 }
 
 // jax/_src/lax/lax.py, _broadcast_in_dim_reduced_rule: with an out_sharding, its reduced axes

@@ -111,6 +111,9 @@ TypeRuleResult top_k_type_rule(const TypedOperand& x, int64_t axis);
 TypeRuleResult sorting_unreduced_rule(absl::string_view name, const TypedOperand& x);
 TypeRuleResult cumulative_type_rule(absl::string_view name, const TypedOperand& x, int64_t axis);
 TypeRuleResult pad_type_rule(const Mesh& mesh, const TypedOperand& x, const Shape& out);
+// Whether pad keeps an unreduced operand's axes (padding_value_sums: the padding value is zero
+// or unreduced over the same axes); the error and fix otherwise.
+TypeRuleResult pad_unreduced_rule(const TypedOperand& x, bool padding_value_sums);
 // Control flow (control.cc). The type spec of result `j` of sub-graph `g`, a body traced in
 // explicit mode (which pins each result to its type; an unpinned result is unsplit).
 TypeSpec body_output_spec(const Graph& g, size_t j, const Mesh& mesh);

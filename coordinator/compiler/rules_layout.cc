@@ -441,7 +441,11 @@ std::optional<KeptPadding> kept_padding(const Graph& g, const Node& n, const Mes
 // halos of its neighbours' (padding_window; XLA pads a split dimension so, its
 // ReshardDataForPad / ExchangeHaloAndGetValidData): the slice VJP's unslice of a halo slice's
 // cotangent, and jnp.pad, no longer gather. The fills are not read (partition_concatenate
-// makes the fill itself) and are needed as they are; a pending sum of x is resolved first.
+// makes the fill itself) and are needed as they are; a pending sum of x is resolved first,
+// even when every operand's is typed unreduced: in explicit mode such fills (those of a pad of
+// an unreduced operand, client/lax.cc) are constant zeros pinned unreduced by a constraint,
+// which padding_of does not read as fills, so that concatenate is slice_or_concatenate's, which
+// keeps the sum pending (jit_test's UnreducedValuesPassThroughLinearOps counts no all_reduce).
 // Any other concatenate is slice_or_concatenate's.
 absl::Status concatenate(ShardingContext& c, int id) {
   const Node& n = c.graph().node(id);

@@ -442,6 +442,63 @@ def stop_gradient(x):
     return tree_map(lambda v: v if isinstance(v, PRNGKeyArray) else _wrap(_t.stop_gradient(_tracer(v)._v)), x)
 
 
+def _reduction(name, reduce, unreduced_kind):
+    """lax.reduce_<op>(operand, axes, *, out_sharding=None) as jax/_src/lax/lax.py's: the
+    reduction over `axes` (each in [0, ndim), once), typed as out_sharding when one is given
+    (_reduce_op_sharding_rule_with_out_sharding), with _reduce_op_unreduced_rule's and
+    _reduce_op_reduced_rule's checks. Composed: the reduction, then a reshard onto
+    out_sharding (onto unreduced axes: the sum is resolved, then placed on the first device
+    along them, zeros elsewhere, where JAX leaves each device its partial sum; the value is the
+    same). `unreduced_kind`: the kind an unreduced out_sharding must have ('sum' only for
+    reduce_sum: Tessera's specs have no other, so reduce_max/min refuse one, as JAX refuses a
+    sum kind there)."""
+
+    def f(operand, axes, *, out_sharding=None):
+        from .sharding import NamedSharding, PartitionSpec, reshard
+        from ._api import typeof
+        axes = tuple(int(a) for a in axes)
+        ndim = _np.ndim(operand)
+        if len(axes) != len(set(axes)):
+            raise ValueError(f"duplicate value in 'axes' of reduction: {axes}")
+        if not all(0 <= a < ndim for a in axes):
+            raise ValueError(f"reduction axes {axes} contains out-of-bounds indices for {typeof(operand)}.")
+        out = reduce(operand, axis=axes)
+        if out_sharding is None:
+            return out
+        spec = out_sharding.spec if isinstance(out_sharding, NamedSharding) else out_sharding
+        if not isinstance(spec, PartitionSpec):
+            raise TypeError(f"{name}: out_sharding must be a NamedSharding or a PartitionSpec, got {out_sharding!r}")
+        if spec.reduced:
+            raise _errors.InvalidArgumentError(
+                f"out_sharding passed to {name} cannot be reduced. Got out_sharding={out_sharding}")
+        if spec.unreduced:
+            if unreduced_kind != "sum":
+                raise _errors.InvalidArgumentError(
+                    f"{name} requires `out_sharding`'s unreduced_kind to be {unreduced_kind} but got {spec}")
+            op_spec = typeof(operand).sharding.spec
+            used = {s for i, e in enumerate(op_spec) if i in axes
+                    for s in (e if isinstance(e, tuple) else (e,)) if s is not None} | set(op_spec.unreduced)
+            if not all(u in used for u in spec.unreduced):
+                raise _errors.InvalidArgumentError(
+                    "out_sharding's unreduced axes should be in operand's specs that were "
+                    f"{name} over. Got operand={typeof(operand)}, axes={axes}, unreduced_spec={set(spec.unreduced)}")
+        return reshard(out, out_sharding)
+
+    f.__name__ = name
+    f.__qualname__ = name
+    return f
+
+
+reduce_sum = _reduction("reduce_sum", _jnp.sum, "sum")
+reduce_max = _reduction("reduce_max", _jnp.max, "max")
+reduce_min = _reduction("reduce_min", _jnp.min, "min")
+
+
+def reduce_prod(operand, axes):
+    """lax.reduce_prod (no out_sharding, as JAX's)."""
+    return _jnp.prod(operand, axis=tuple(axes))
+
+
 @_op
 def pad(operand, padding_value, padding_config):
     x = _tracer(operand)

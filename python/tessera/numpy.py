@@ -361,8 +361,11 @@ def reshape(a, shape, order="C", *, out_sharding=None):
         v[0], list(_norm_shape(shape, Tracer(v[0]).size)), spec, mesh))
 
 
-def ravel(a):
-    return reshape(a, (-1,))
+def ravel(a, order="C", *, out_sharding=None):
+    """jnp.ravel; out_sharding lays the flat result out (a NamedSharding, or a P on the explicit
+    or ambient mesh), as jnp.ravel's (jax/_src/numpy/lax_numpy.py): merging split dimensions
+    needs one in explicit mode, as reshape does."""
+    return reshape(a, (-1,), order, out_sharding=out_sharding)
 
 
 @_op

@@ -831,6 +831,31 @@ def test_device_put_unreduced_via_jit_as_jax():
       np.testing.assert_array_equal(np.asarray(reshard(out, P())), np.arange(4))
 
 
+def test_device_put_unreduced_via_runtime_transfer_as_jax():
+  # JAX's tests/pjit_test.py test_device_put_unreduced_via_runtime_transfer, with the target
+  # mesh on the same two devices in the other order (device 1 must get device 0's term, not
+  # keep its own): each shard of the result is x's shard at the same place, and both sum to
+  # the same value.
+  from tessera.sharding import Mesh, NamedSharding
+  devs = jax.devices()
+  mesh = Mesh(np.array(devs[:2]), "x", (AxisType.Explicit,))
+  arr1 = jax.device_put(jnp.arange(8, dtype=jnp.float32).reshape(2, 4), NamedSharding(mesh, P(None, "x")))
+  arr2 = jax.device_put(jnp.arange(8, dtype=jnp.float32).reshape(4, 2), NamedSharding(mesh, P("x", None)))
+  x = jnp.dot(arr1, arr2, out_sharding=NamedSharding(mesh, P(unreduced={"x"})))
+  other = Mesh(np.array([devs[1], devs[0]]), "x", (AxisType.Explicit,))
+  out = jax.device_put(x, NamedSharding(other, P(unreduced={"x"})))
+  assert jax.typeof(out).sharding.spec.unreduced == {"x"}
+  assert out.sharding == NamedSharding(other, P(unreduced={"x"}))
+  by_place = lambda a, m: sorted(a.addressable_shards, key=lambda s: list(m.device_ids.flat).index(s.device.id))
+  a, b = np.arange(8.0).reshape(2, 4), np.arange(8.0).reshape(4, 2)
+  for k, (s1, s2) in enumerate(zip(by_place(x, mesh), by_place(out, other))):
+    np.testing.assert_array_equal(s1.data, a[:, 2 * k:2 * k + 2] @ b[2 * k:2 * k + 2])  # x's term k
+    np.testing.assert_array_equal(s1.data, s2.data)
+  np.testing.assert_array_equal(np.asarray(reshard(x, NamedSharding(mesh, P()))),
+                                np.asarray(reshard(out, NamedSharding(other, P()))))
+  np.testing.assert_array_equal(np.asarray(reshard(out, NamedSharding(other, P()))), a @ b)
+
+
 def test_unreduced_contraction_as_the_sharding_ad_note(xy):
   with set_mesh(xy):
     a, b, A, B = _contraction_split_over_y(7)

@@ -251,3 +251,127 @@ def test_reshard_and_out_sharding_take_explicit_axes_only():
     with pytest.raises(ValueError,
                        match="PartitionSpec passed to einsum cannot contain axis names that are of type Auto or Manual"):
       jax.jit(auto_axes(g, out_sharding=P()))(arr1, arr2)
+
+
+def test_jnp_ravel():
+  # test_jnp_ravel: a (8, 2) array split P('x', 'y') raveled with out_sharding=P('x') under jit:
+  # typed and laid out P('x'), numpy's ravel.
+  mesh = explicit((2, 2), ("x", "y"))
+  with set_mesh(mesh):
+    np_inp = np.arange(16, dtype=np.float32).reshape(8, 2)
+    arr = jax.device_put(np_inp, P("x", "y"))
+    specs = []
+
+    @jax.jit
+    def f(x):
+      out = jnp.ravel(x, out_sharding=P("x"))
+      specs.append(jax.typeof(out).sharding.spec)
+      return out
+
+    out = f(arr)
+    assert specs == [P("x")]
+    assert out.sharding == NamedSharding(mesh, P("x"))
+    np.testing.assert_array_equal(np.asarray(out), np.ravel(np_inp))
+    # Eager, and without out_sharding on an unsplit array, as before.
+    np.testing.assert_array_equal(np.asarray(jnp.ravel(arr, out_sharding=P("x"))), np.ravel(np_inp))
+    np.testing.assert_array_equal(np.asarray(jnp.ravel(reshard(arr, P()))), np.ravel(np_inp))
+
+
+def test_reduce_sum_unreduced():
+  # test_reduce_sum_unreduced: lax.reduce_sum over (0, 1) of a (4, 2, 2) array split
+  # P('x', 'y', None) with out_sharding=P(None, unreduced={'x'}): typed so, each shard (2,),
+  # and resharded to P(None) it is the sum. (Tessera resolves the sum and places it on the
+  # first device along 'x'; JAX leaves each its partial sum: the value is the same.)
+  mesh = explicit((2, 2), ("x", "y"))
+  with set_mesh(mesh):
+    np_inp = np.arange(16, dtype=np.float32).reshape(4, 2, 2)
+    arr = jax.device_put(np_inp, P("x", "y", None))
+    specs = []
+
+    @jax.jit
+    def f(x):
+      out = lax.reduce_sum(x, axes=(0, 1), out_sharding=P(None, unreduced={"x"}))
+      specs.append(jax.typeof(out).sharding.spec)
+      return out
+
+    out = f(arr)
+    assert specs[0].unreduced == {"x"} and tuple(specs[0]) == (None,)
+    assert out.sharding.spec.unreduced == {"x"}
+    for s in out.addressable_shards:
+      assert s.data.shape == (2,)
+    np.testing.assert_array_equal(np.asarray(reshard(out, P(None))), np_inp.sum(axis=(0, 1)))
+    # A split result and no out_sharding: jnp.sum's type and values.
+    out = jax.jit(lambda x: lax.reduce_sum(x, axes=(0,), out_sharding=P("y", None)))(arr)
+    assert out.sharding == NamedSharding(mesh, P("y", None))
+    np.testing.assert_array_equal(np.asarray(out), np_inp.sum(axis=0))
+    out = jax.jit(lambda x: lax.reduce_sum(x, axes=(2,)))(arr)
+    assert str(jax.typeof(out)) == "float32[4@x,2@y]"
+    np.testing.assert_array_equal(np.asarray(out), np_inp.sum(axis=2))
+
+
+def test_reduce_sum_unreduced_error():
+  # test_reduce_sum_unreduced_error: an unreduced axis not among those the operand was split
+  # over in the summed dimensions is refused with JAX's words; and _reduce_op_reduced_rule's
+  # "cannot be reduced"; lax.py's shape rule's duplicate and out-of-bounds axes.
+  mesh = explicit((2, 2), ("x", "y"))
+  with set_mesh(mesh):
+    arr = jax.device_put(np.arange(16, dtype=np.float32).reshape(8, 2), P("y", None))
+    with pytest.raises(ValueError, match="out_sharding's unreduced axes should be in operand's specs that were "
+                       "reduce_sum over"):
+      jax.jit(lambda x: lax.reduce_sum(x, axes=(0,), out_sharding=P(None, unreduced={"x"})))(arr)
+    out = jax.jit(lambda x: lax.reduce_sum(x, axes=(0,), out_sharding=P(None, unreduced={"y"})))(arr)
+    np.testing.assert_array_equal(np.asarray(reshard(out, P(None))), np.arange(16.0).reshape(8, 2).sum(axis=0))
+    with pytest.raises(ValueError, match="out_sharding passed to reduce_sum cannot be reduced"):
+      jax.jit(lambda x: lax.reduce_sum(x, axes=(0,), out_sharding=P(None, reduced={"y"})))(arr)
+    with pytest.raises(ValueError, match="duplicate value in 'axes' of reduction"):
+      lax.reduce_sum(arr, axes=(0, 0))
+    with pytest.raises(ValueError, match="out-of-bounds"):
+      lax.reduce_sum(arr, axes=(2,))
+
+
+def test_reduce_max_min_out_sharding():
+  # lax.reduce_max / reduce_min take out_sharding (jax/_src/lax/lax.py); an unreduced one must
+  # be of their own unreduced_kind (_reduce_op_unreduced_rule), which Tessera's specs (sum
+  # only) cannot be: refused with JAX's words. reduce_prod takes none, as JAX's.
+  mesh = explicit((2, 2), ("x", "y"))
+  with set_mesh(mesh):
+    np_inp = np.random.RandomState(3).randn(8, 4).astype(np.float32)
+    arr = jax.device_put(np_inp, P("x", "y"))
+    for name, ref in (("reduce_max", np.max), ("reduce_min", np.min)):
+      op = getattr(lax, name)
+      out = jax.jit(lambda x: op(x, axes=(1,), out_sharding=P("y")))(arr)
+      assert out.sharding == NamedSharding(mesh, P("y"))
+      np.testing.assert_array_equal(np.asarray(out), ref(np_inp, axis=1))
+      np.testing.assert_array_equal(np.asarray(op(arr, (0, 1))), ref(np_inp))
+      with pytest.raises(ValueError, match=f"{name} requires `out_sharding`'s unreduced_kind to be"):
+        jax.jit(lambda x: op(x, axes=(0,), out_sharding=P(None, unreduced={"x"})))(arr)
+    np.testing.assert_allclose(np.asarray(lax.reduce_prod(arr, (0,))), np.prod(np_inp, axis=0), rtol=1e-5)
+    with pytest.raises(TypeError):
+      lax.reduce_prod(arr, (0,), out_sharding=P())
+
+
+def test_one_hot_out_sharding():
+  # test_one_hot_out_sharding: a (2, 2) array split P('x') one-hot encoded into 4 classes with
+  # out_sharding P('x', None, 'y') (classes last) and, with axis=0, P('y', 'x', None): laid out
+  # so; an out_sharding whose input part is not x's spec is refused with JAX's words. Values
+  # against numpy's one-hot (np.eye).
+  mesh = explicit((2, 2), ("x", "y"))
+  with set_mesh(mesh):
+    np_inp = np.arange(4, dtype=np.int32).reshape(2, 2)
+    arr = jax.device_put(np_inp, P("x"))
+    want = np.eye(4, dtype=np.float32)[np_inp]
+
+    out = jax.jit(lambda x: jax.nn.one_hot(x, 4, out_sharding=P("x", None, "y")))(arr)
+    assert out.sharding == NamedSharding(mesh, P("x", None, "y"))
+    np.testing.assert_array_equal(np.asarray(out), want)
+    with pytest.raises(ValueError, match="The input part of spec in out_sharding should match the spec of `x`"):
+      jax.jit(lambda x: jax.nn.one_hot(x, 4, out_sharding=P("y", None, None)))(arr)
+
+    out = jax.jit(lambda x: jax.nn.one_hot(x, 4, axis=0, out_sharding=P("y", "x", None)))(arr)
+    assert out.sharding == NamedSharding(mesh, P("y", "x", None))
+    np.testing.assert_array_equal(np.asarray(out), np.moveaxis(want, -1, 0))
+    with pytest.raises(ValueError, match="The input part of spec in out_sharding should match the spec of `x`"):
+      jax.jit(lambda x: jax.nn.one_hot(x, 4, axis=0, out_sharding=P("x", None, None)))(arr)
+    # Without out_sharding: the classes last, as before; axis moves them.
+    np.testing.assert_array_equal(np.asarray(jax.nn.one_hot(np_inp, 4)), want)
+    np.testing.assert_array_equal(np.asarray(jax.nn.one_hot(np_inp, 4, axis=1)), np.moveaxis(want, -1, 1))

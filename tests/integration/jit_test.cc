@@ -2,6 +2,7 @@
 // out here, across layouts that need no communication, all_reduce, reduce_scatter,
 // all_to_all, all_gather and local slices; compilation caching; errors.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -18,6 +19,35 @@
 
 namespace tessera {
 namespace {
+
+// lax.pad on the host (numpy's definition): `x` of shape `shape`, row-major, padded by
+// (low, high, interior) per dimension with `fill`; negative low / high crop.
+std::vector<double> host_pad(const std::vector<double>& x, const std::vector<int64_t>& shape,
+                             const std::vector<std::array<int64_t, 3>>& config, double fill) {
+  std::vector<int64_t> out(shape.size());
+  for (size_t d = 0; d < shape.size(); ++d) {
+    out[d] = config[d][0] + config[d][1] + shape[d] + std::max<int64_t>(shape[d] - 1, 0) * config[d][2];
+  }
+  int64_t size = 1;
+  for (int64_t n : out) size *= n;
+  std::vector<double> r(static_cast<size_t>(size), fill);
+  std::vector<int64_t> at(shape.size(), 0);
+  for (size_t i = 0; i < x.size(); ++i) {
+    int64_t flat = 0;
+    bool inside = true;
+    for (size_t d = 0; d < shape.size(); ++d) {
+      const int64_t o = config[d][0] + at[d] * (config[d][2] + 1);
+      inside = inside && o >= 0 && o < out[d];
+      flat = flat * out[d] + o;
+    }
+    if (inside) r[static_cast<size_t>(flat)] = x[i];
+    for (size_t d = shape.size(); d-- > 0;) {
+      if (++at[d] < shape[d]) break;
+      at[d] = 0;
+    }
+  }
+  return r;
+}
 
 using ::tessera::jit_support::expect_near;
 using ::tessera::jit_support::matmul_ref;
@@ -768,6 +798,46 @@ TEST_F(ExplicitJitTest, GradientsFlowThroughUnreducedContractions) {
   expect_near(fetch((*g)[1]), want_b, 1e-4);
 }
 
+// grad through a pad of an unreduced value: pad is linear (jax/_src/lax/lax.py,
+// ad.deflinear2(pad_p, _pad_transpose): the operand's cotangent is the padded cotangent's
+// interior), and the unreduced operand's cotangent is reduced. L = sum(reshard(pad(a @ b, 0),
+// P()) * W) with W nonzero in the padded region, so a cotangent that kept the fills, or cropped
+// the wrong rows or columns, shows: dL/d(a @ b) is W's interior Wc; dL/da = Wc b^T and
+// dL/db = a^T Wc. (With a padding value unreduced over the same axes, sum(a @ b), the forward
+// runs, UnreducedValuesPassThroughLinearOps, but its grad is refused: see docs/design.md.)
+TEST_F(ExplicitJitTest, GradientsFlowThroughAPadOfAnUnreducedValue) {
+  const Mesh mesh = explicit_mesh();
+  const HostArray a = random_f32({8, 16}, 63), b = random_f32({16, 4}, 64), w = random_f32({11, 6}, 65);
+  const PartitionSpec unreduced = P(None, None).with_unreduced({"Y"});
+  // Padding (1, 2) rows and (2, 0) columns: the product sits at rows 1..8, columns 2..5.
+  std::vector<double> want_a(8 * 16, 0.0), want_b(16 * 4, 0.0);
+  for (int64_t i = 0; i < 8; ++i) {
+    for (int64_t l = 0; l < 16; ++l) {
+      for (int64_t j = 0; j < 4; ++j) {
+        const double g_c = w.values<float>()[(i + 1) * 6 + j + 2];
+        want_a[i * 16 + l] += g_c * b.values<float>()[l * 4 + j];
+        want_b[l * 4 + j] += a.values<float>()[i * 16 + l] * g_c;
+      }
+    }
+  }
+  std::string type;
+  Jitted step = jit(grad(
+      [&](const std::vector<Value>& p) {
+        const Value padded = pad(matmul(p[0], p[1], unreduced), full({}, 0.0, DType::kF32), {{1, 2, 0}, {2, 0, 0}});
+        type = type_of(padded).to_string();
+        return std::vector<Value>{sum(reshard(padded, P()) * p[2])};
+      },
+      {0, 1}));
+  absl::StatusOr<std::vector<Array>> g =
+      step({put_on(mesh, a, P(None, "Y")), put_on(mesh, b, P("Y", None)), put_on(mesh, w, P())});
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(type, "f32[11,6]{U:Y}");
+  EXPECT_EQ(type_of((*g)[0]).to_string(), "f32[8,16@Y]");
+  EXPECT_EQ(type_of((*g)[1]).to_string(), "f32[16@Y,4]");
+  expect_near(fetch((*g)[0]), want_a, 1e-4);
+  expect_near(fetch((*g)[1]), want_b, 1e-4);
+}
+
 // What JAX refuses of unreduced values (jax/_src/lax/lax.py): a nonlinear op (unop_ur_rule /
 // nary_ur_rule: "unreduced rule for cos is not implemented"; the note's jnp.cos(c)), sub
 // (standard_naryop, no unreduced rule), add of an unreduced and a reduced operand
@@ -841,6 +911,104 @@ TEST_F(ExplicitJitTest, DevicePutOntoAnUnreducedSpecPutsTheValueOnTheFirstDevice
   const HostArray a = random_f32({8, 3}, 45);
   check(client_->device_put(a, NamedSharding(explicit_mesh(), P("X", None).with_unreduced({"Y"}))), a,
         "f32[8@X,3]{U:Y}");
+}
+
+// device_put of an unreduced Array onto another mesh (issue 16 item 2b). tests/pjit_test.py
+// test_device_put_unreduced_via_runtime_transfer: x = jnp.dot of a (2, 4) P(None, 'x') and a
+// (4, 2) P('x', None) with out_sharding P(unreduced={'x'}) on a (2,) mesh, put onto
+// P(unreduced={'x'}) of another (2,) mesh: each shard of the result is the shard of x at the
+// same place (its partial sum, not a replica) and both sum to the same value. Tessera matches
+// the terms by coordinates along the unreduced axes, so the target may split other dimensions
+// over other axes; onto other unreduced axes (JAX: a jitted reshard, which cannot span meshes)
+// the sum runs first on x's mesh. A reduced array moves as a replicated one.
+TEST_F(ExplicitJitTest, DevicePutOfAnUnreducedArrayOntoAnotherMeshMovesEachTermToItsCounterpartAsJax) {
+  absl::StatusOr<Mesh> line = client_->make_mesh({2}, {"x"}, {0, 1}, {AxisType::kExplicit});
+  ASSERT_TRUE(line.ok()) << line.status();
+  // The same devices in the other order: device 1 takes the term of device 0 (not its own).
+  absl::StatusOr<Mesh> other = client_->make_mesh({2}, {"x"}, {1, 0}, {AxisType::kExplicit});
+  ASSERT_TRUE(other.ok()) << other.status();
+  const HostArray a = random_f32({4, 6}, 61), b = random_f32({6, 4}, 62);
+  // Device k along 'x' holds columns 3k..3k+2 of a and rows 3k..3k+2 of b: its partial sum.
+  std::vector<HostArray> partial;
+  for (int k = 0; k < 2; ++k) partial.push_back(HostArray::zeros(DType::kF32, {4, 4}));
+  for (int64_t i = 0; i < 4; ++i) {
+    for (int64_t j = 0; j < 4; ++j) {
+      for (int64_t l = 0; l < 6; ++l) {
+        partial[l / 3].mutable_values<float>()[i * 4 + j] +=
+            a.values<float>()[i * 6 + l] * b.values<float>()[l * 4 + j];
+      }
+    }
+  }
+  const std::vector<double> full = matmul_ref(a, b);
+  const PartitionSpec unreduced = P().with_unreduced({"x"});
+  Jitted dot = jit([&](const std::vector<Value>& in) { return std::vector<Value>{matmul(in[0], in[1], unreduced)}; });
+  absl::StatusOr<std::vector<Array>> c = dot({put_on(*line, a, P(None, "x")), put_on(*line, b, P("x", None))});
+  ASSERT_TRUE(c.ok()) << c.status();
+  const Array x = (*c)[0];
+  ASSERT_EQ(type_of(x).to_string(), "f32[4,4]{U:x}");
+  // Each shard of `put` is its block of the partial sum of the device at its coordinate along
+  // `axis` of its mesh; summed on its mesh, the product.
+  auto check_terms = [&](const absl::StatusOr<Array>& put, const std::string& axis, const std::string& type) {
+    ASSERT_TRUE(put.ok()) << put.status();
+    EXPECT_EQ(type_of(*put).to_string(), type);
+    const Mesh& mesh = put->sharding().mesh();
+    for (const Shard& shard : put->addressable_shards()) {
+      const auto& ids = mesh.device_ids();
+      const int64_t position = std::find(ids.begin(), ids.end(), shard.device_id()) - ids.begin();
+      const int64_t term = mesh.coords(position)[mesh.axis_index(axis)];
+      absl::StatusOr<HostArray> data = shard.data();
+      ASSERT_TRUE(data.ok()) << data.status();
+      SCOPED_TRACE(absl::StrCat("device ", shard.device_id(), " block ", index_to_string(shard.index())));
+      const HostArray want = extract_block(partial[term], shard.index());
+      expect_near(*data, std::vector<double>(want.values<float>().begin(), want.values<float>().end()), 1e-5);
+    }
+    absl::StatusOr<Array> summed = reshard(*put, NamedSharding(mesh, P()));
+    ASSERT_TRUE(summed.ok()) << summed.status();
+    expect_near(fetch(*summed), full, 1e-4);
+  };
+  check_terms(x, "x", "f32[4,4]{U:x}");
+  // JAX's case: the same spec on another mesh of the same size.
+  absl::StatusOr<Array> moved = client_->device_put(x, NamedSharding(*other, unreduced));
+  check_terms(moved, "x", "f32[4,4]{U:x}");
+  ASSERT_TRUE(moved.ok());
+  for (size_t k = 0; k < 2; ++k) {
+    absl::StatusOr<HostArray> before = x.addressable_shards()[k].data(), after = moved->addressable_shards()[k].data();
+    ASSERT_TRUE(before.ok() && after.ok());
+    EXPECT_TRUE(*before == *after) << "shard " << k;
+  }
+  // Onto a (2, 2) mesh of other devices, rows split over 'y': by coordinates along 'x' (7 and 6
+  // take device 0's term, 3 and 4 device 1's).
+  absl::StatusOr<Mesh> square =
+      client_->make_mesh({2, 2}, {"x", "y"}, {7, 6, 3, 4}, {AxisType::kExplicit, AxisType::kExplicit});
+  ASSERT_TRUE(square.ok()) << square.status();
+  check_terms(client_->device_put(x, NamedSharding(*square, P("y", None).with_unreduced({"x"}))), "x",
+              "f32[4@y,4]{U:x}");
+  // Onto no unreduced axis, or another one: the sum first, then the move.
+  absl::StatusOr<Array> plain = client_->device_put(x, NamedSharding(*other, P(None, "x")));
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(type_of(*plain).to_string(), "f32[4,4@x]");
+  expect_near(fetch(*plain), full, 1e-4);
+  absl::StatusOr<Mesh> four = client_->make_mesh({4}, {"z"}, {4, 5, 6, 7}, {AxisType::kExplicit});
+  ASSERT_TRUE(four.ok()) << four.status();
+  absl::StatusOr<Array> onto_z = client_->device_put(x, NamedSharding(*four, P().with_unreduced({"z"})));
+  ASSERT_TRUE(onto_z.ok()) << onto_z.status();
+  EXPECT_EQ(type_of(*onto_z).to_string(), "f32[4,4]{U:z}");
+  absl::StatusOr<Array> z_summed = reshard(*onto_z, NamedSharding(*four, P()));
+  ASSERT_TRUE(z_summed.ok()) << z_summed.status();
+  expect_near(fetch(*z_summed), full, 1e-4);
+  // A reduced array is replicated over its reduced axes: every device of the target holds its
+  // block of the value.
+  const Array reduced = put_on(*line, a, P().with_reduced({"x"}));
+  for (const PartitionSpec& spec : {P().with_reduced({"x"}), P("x", None)}) {
+    absl::StatusOr<Array> put = client_->device_put(reduced, NamedSharding(*other, spec));
+    ASSERT_TRUE(put.ok()) << put.status();
+    EXPECT_EQ(put->sharding(), NamedSharding(*other, spec));
+    for (const Shard& shard : put->addressable_shards()) {
+      absl::StatusOr<HostArray> data = shard.data();
+      ASSERT_TRUE(data.ok()) << data.status();
+      EXPECT_TRUE(*data == extract_block(a, shard.index())) << "device " << shard.device_id();
+    }
+  }
 }
 
 // Reduced types (issue 16 item 2; JAX's docs/new_docs/301/sharding-ad.md): a value typed
@@ -1108,6 +1276,10 @@ TEST_F(ExplicitJitTest, UnreducedValuesPassThroughLinearOps) {
     for (int t = 0; t < times; ++t) r.insert(r.end(), full.begin(), full.end());
     return r;
   };
+  // lax.pad of the 8 x 4 product on the host (numpy's definition: `fill` around and between).
+  const std::vector<double> padded_rows = host_pad(full, {8, 4}, {{1, 2, 0}, {0, 0, 0}}, 0.0);
+  const std::vector<double> padded_both = host_pad(full, {8, 4}, {{-1, 2, 1}, {1, 0, 0}}, 0.0);
+  const std::vector<double> padded_with_total = host_pad(full, {8, 4}, {{2, 1, 0}, {1, 2, 0}}, total[0]);
   struct Case {
     const char* name;
     std::function<Value(const Value&)> op;
@@ -1155,6 +1327,24 @@ TEST_F(ExplicitJitTest, UnreducedValuesPassThroughLinearOps) {
          return concatenate({c, reshape(transpose(c, {1, 0}), {8, 4})}, 1);
        },
        "f32[8,8]{U:Y}", side_by_side},
+      // JAX's _pad_ur_rule (jax/_src/lax/lax.py) keeps the operand's unreduced axes: with a
+      // zero padding value (jnp.pad's default; lax.pad with interior and negative padding) and
+      // with one unreduced over the same axes (each device pads its term with its term).
+      {"jnp.pad with zeros",
+       [](const Value& c) {
+         return pad(c, {{1, 2}, {0, 0}});
+       },
+       "f32[11,4]{U:Y}", padded_rows},
+      {"lax.pad with interior and negative padding",
+       [](const Value& c) {
+         return pad(c, tessera::full({}, 0.0, DType::kF32), {{-1, 2, 1}, {1, 0, 0}});
+       },
+       "f32[16,5]{U:Y}", padded_both},
+      {"lax.pad with an unreduced padding value",
+       [](const Value& c) {
+         return pad(c, sum(c), {{2, 1, 0}, {1, 2, 0}});
+       },
+       "f32[11,7]{U:Y}", padded_with_total},
   };
   for (const Case& k : cases) {
     SCOPED_TRACE(k.name);
@@ -1436,14 +1626,21 @@ TEST_F(ExplicitJitTest, UnreducedValuesPassThroughSlicesSqueezesAndSelects) {
               ::testing::AllOf(HasSubstr("select: select cases must have the same shardings, got [f32[8,4]{U:Y}, "
                                          "f32[8,4]]"),
                                HasSubstr("reshard the unreduced operand first")));
-  // And what Tessera refuses where JAX goes on: pad (_pad_ur_rule keeps the operand's unreduced
-  // axes; Tessera's pad would add its fills to every device's term).
-  EXPECT_THAT(refusal([](const Value& c, const Value&) {
-                return pad(c, {{1, 1}, {0, 0}}, 0.0);
+  // And what Tessera refuses where JAX goes on: pad with a value neither zero nor unreduced over
+  // the same axes (_pad_ur_rule keeps the operand's unreduced axes, and each device's term is
+  // padded with the value: the sum would hold it once per device).
+  for (const double fill : {1.0, -2.5}) {
+    EXPECT_THAT(refusal([&](const Value& c, const Value&) {
+                  return pad(c, {{1, 1}, {0, 0}}, fill);
+                }),
+                ::testing::AllOf(HasSubstr("pad: padding an operand unreduced over {'Y'} with a padding value "
+                                           "that is neither zero nor unreduced over the same axes"),
+                                 HasSubstr("(operand f32[8,4]{U:Y}); pad with zero and add the padding afterwards")));
+  }
+  EXPECT_THAT(refusal([](const Value& c, const Value& w) {
+                return pad(c, sum(w), {{1, 1, 0}, {0, 0, 0}});
               }),
-              ::testing::AllOf(HasSubstr("pad: padding an operand unreduced over {'Y'} is not built yet (JAX's "
-                                         "_pad_ur_rule keeps its unreduced axes)"),
-                               HasSubstr("(operand f32[8,4]{U:Y}); reshard the unreduced operand first")));
+              HasSubstr("pad: padding an operand unreduced over {'Y'} with a padding value that is neither zero"));
 }
 
 // What JAX refuses of an unreduced operand of the other ops, each with JAX's words, the op, the

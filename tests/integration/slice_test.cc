@@ -5,6 +5,7 @@
 // against host loops, the result's split, the plan's collectives, JAX's errors, grad and vmap.
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -108,6 +109,19 @@ class SliceTest : public jit_support::LocalJitSuite {
     } else {
       EXPECT_THAT(program, ::testing::Not(HasSubstr("collective_permute"))) << program;
     }
+  }
+  // The program of a padding of x split as `spec` (what add_padding predicts: `kept` and its
+  // `permutes`): an all_gather when the split is not kept, else the result split as x with
+  // exactly `permutes` collective_permutes and no other collective.
+  static void expect_padding_program(bool kept, size_t permutes, const Jitted& f, const Array& got,
+                                     const PartitionSpec& spec) {
+    if (!kept) {
+      EXPECT_THAT(f.as_text(), HasSubstr("all_gather")) << f.as_text();
+      return;
+    }
+    EXPECT_EQ(got.sharding().spec(), spec);
+    expect_no_collective_but_permute(f.as_text(), permutes > 0);
+    EXPECT_EQ(count_of(f.as_text(), "collective_permute"), permutes) << f.as_text();
   }
 };
 
@@ -423,13 +437,7 @@ TEST_F(SliceTest, GradOfAUnitStrideHaloSliceKeepsTheCotangentSplit) {
           if (absl::string_view(c.name) == "x[40:64]" && mesh.axis_names().size() == 1) {
             EXPECT_FALSE(plan.kept);
           }
-          if (!plan.kept) {
-            EXPECT_THAT(f.as_text(), HasSubstr("all_gather")) << f.as_text();
-            continue;
-          }
-          EXPECT_EQ((*got)[0].sharding().spec(), spec);
-          expect_no_collective_but_permute(f.as_text(), plan.permutes > 0);
-          EXPECT_EQ(count_of(f.as_text(), "collective_permute"), plan.permutes) << f.as_text();
+          expect_padding_program(plan.kept, plan.permutes, f, (*got)[0], spec);
         }
       }
     }
@@ -439,33 +447,54 @@ TEST_F(SliceTest, GradOfAUnitStrideHaloSliceKeepsTheCotangentSplit) {
 // jnp.pad of a split dimension with a constant (client/lax.cc pad: the scalar broadcast on
 // either side, then a concatenate): the same halo exchange, the fill selected by position
 // (any value, not only a gradient's zeros). x f32[24, 8] padded by (3, 5), (5, 3) and (1, 7)
-// rows of 2.5 is numpy's np.pad on every mesh; on Auto axes the split stays with no gather.
+// rows of 2.5 is numpy's np.pad on every mesh and every split of split_specs (rows over 'a',
+// over ('a', 'b'): the select's block start over two axes); a user's concatenate of fills
+// -1.5 before and 4.0 after x (jnp.concatenate; a swap of the two fills shows) likewise. On Auto
+// axes the split stays with no gather.
 TEST_F(SliceTest, PadOfASplitDimensionExchangesHalosAndFillsTheRest) {
   const HostArray x = random_f32({24, 8}, 14);
   for (const auto& [low, high] : std::vector<std::pair<int64_t, int64_t>>{{3, 5}, {5, 3}, {1, 7}}) {
-    std::vector<double> want;
-    for (int64_t r = -low; r < 24 + high; ++r) {
-      for (int64_t k = 0; k < 8; ++k) want.push_back(r < 0 || r >= 24 ? 2.5 : x.element_as_double(r * 8 + k));
-    }
+    auto padded = [&](double low_fill, double high_fill) {
+      std::vector<double> want;
+      for (int64_t r = -low; r < 24 + high; ++r) {
+        for (int64_t k = 0; k < 8; ++k) {
+          want.push_back(r < 0 ? low_fill : r >= 24 ? high_fill : x.element_as_double(r * 8 + k));
+        }
+      }
+      return want;
+    };
+    const struct {
+      const char* name;
+      std::function<Value(const Value&)> op;
+      std::vector<double> want;
+    } ops[] = {
+        {"jnp.pad with 2.5",
+         [&](const Value& v) {
+           return pad(v, {{low, high}, {0, 0}}, 2.5);
+         },
+         padded(2.5, 2.5)},
+        {"concatenate of -1.5, x and 4.0",
+         [&](const Value& v) {
+           return concatenate({full({low, 8}, -1.5, DType::kF32), v, full({high, 8}, 4.0, DType::kF32)}, 0);
+         },
+         padded(-1.5, 4.0)},
+    };
     for (AxisType type : {AxisType::kAuto, AxisType::kExplicit}) {
       for (const Mesh& mesh : meshes(type)) {
-        SCOPED_TRACE(absl::StrCat("pad by (", low, ", ", high, ") on ", mesh.to_string()));
-        Jitted f = jit([&](const std::vector<Value>& in) {
-          return std::vector<Value>{pad(in[0], {{low, high}, {0, 0}}, 2.5)};
-        });
-        absl::StatusOr<std::vector<Array>> got = f({put_on(mesh, x, P("a", None))});
-        ASSERT_TRUE(got.ok()) << got.status();
-        expect_near(fetch((*got)[0]), want, 0);
-        if (type == AxisType::kExplicit) continue;
-        PaddingPlan plan;
-        add_padding(plan, low, 24, high, mesh.axis_size("a"));
-        if (!plan.kept) {
-          EXPECT_THAT(f.as_text(), HasSubstr("all_gather")) << f.as_text();
-          continue;
+        for (const PartitionSpec& spec : split_specs(mesh)) {
+          for (const auto& op : ops) {
+            SCOPED_TRACE(absl::StrCat(op.name, " by (", low, ", ", high, ") of x split as ", spec.to_string(), " on ",
+                                      mesh.to_string()));
+            Jitted f = jit([&](const std::vector<Value>& in) { return std::vector<Value>{op.op(in[0])}; });
+            absl::StatusOr<std::vector<Array>> got = f({put_on(mesh, x, spec)});
+            ASSERT_TRUE(got.ok()) << got.status();
+            expect_near(fetch((*got)[0]), op.want, 0);
+            if (type == AxisType::kExplicit) continue;
+            PaddingPlan plan;
+            add_padding(plan, low, 24, high, mesh.axes_size(spec.dims()[0]));
+            expect_padding_program(plan.kept, plan.permutes, f, (*got)[0], spec);
+          }
         }
-        EXPECT_EQ((*got)[0].sharding().spec(), P("a", None));
-        expect_no_collective_but_permute(f.as_text(), plan.permutes > 0);
-        EXPECT_EQ(count_of(f.as_text(), "collective_permute"), plan.permutes) << f.as_text();
       }
     }
   }
