@@ -11,6 +11,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "coordinator/access.h"
 #include "coordinator/block_moves.h"
@@ -955,7 +956,12 @@ class CoordinatorServerImpl final : public CoordinatorServer {
   void shutdown() override {
     // The server first: its pending Executes end by their deadlines, which the monitor
     // enforces, so it stops only after them.
-    health_.set_ready(false);
+    {
+      // A monitor tick's update_health from here on must not mark the server ready again.
+      absl::MutexLock lock(&health_mu_);
+      health_final_ = true;
+      health_.set_ready(false);
+    }
     health_port_.reset();
     if (in_process_ != nullptr) in_process_->reset();  // no new channels to a server going away
     if (server_ != nullptr) {
@@ -996,6 +1002,8 @@ class CoordinatorServerImpl final : public CoordinatorServer {
   // Ready while the expected devices are alive; a change is logged.
   void update_health() {
     const bool ready = service_.registry().wait_for_alive(options_.expected_devices, absl::ZeroDuration());
+    absl::MutexLock lock(&health_mu_);
+    if (health_final_) return;  // shutting down: not ready, whatever the registry says
     if (ready != health_.ready() && options_.log_registrations && options_.expected_devices > 0) {
       std::fprintf(stderr, "tessera-coordinator: %s: %s %d devices alive (--expected_devices)\n",
                    ready ? "ready" : "not ready", ready ? "at least" : "fewer than", options_.expected_devices);
@@ -1006,6 +1014,8 @@ class CoordinatorServerImpl final : public CoordinatorServer {
   const CoordinatorOptions options_;
   CoordinatorService service_;
   HealthService health_;
+  absl::Mutex health_mu_;  // a leaf: orders update_health's set_ready before shutdown's
+  bool health_final_ ABSL_GUARDED_BY(health_mu_) = false;
   std::unique_ptr<HealthPort> health_port_;  // options_.health_port's server, if any
   RpcErrorCounter rpc_errors_;               // outlives server_
   std::unique_ptr<grpc::Server> server_;

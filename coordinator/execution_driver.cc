@@ -1,6 +1,8 @@
 #include "coordinator/execution_driver.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <set>
 #include <string>
 
@@ -11,6 +13,7 @@
 #include "coordinator/request_limits.h"
 #include "core/run_tag.h"
 #include "core/status.h"
+#include "proto/local_runs.h"
 #include "proto/rpc.h"
 
 namespace tessera {
@@ -148,6 +151,10 @@ void ExecutionDriver::publish_running(const CallKey& key, const std::shared_ptr<
 }
 
 void ExecutionDriver::start_monitor(absl::Duration tick, MonitorSteps steps) {
+  if (monitor_.joinable()) {  // our invariant: assigning a joinable std::thread would terminate anyway
+    std::fprintf(stderr, "tessera-coordinator: ExecutionDriver::start_monitor called twice\n");
+    std::abort();
+  }
   monitor_ = std::thread([this, tick, steps = std::move(steps)] {
     auto run = [](const std::function<void()>& step) {
       if (step) step();
@@ -480,6 +487,9 @@ absl::Duration ExecutionDriver::run_wait(const Execution& e) {
 }
 
 void ExecutionDriver::run_plans(std::shared_ptr<Execution> e) {
+  // In process, the workers' run executor wakes once for the call's n runs (and those of the
+  // calls started from on_sent), when this ends: no result is waited for here.
+  HandOverBatch batch;
   const int n = static_cast<int>(e->workers.size());
   // Its runs start on the workers after its producers' runs: its wait starts after theirs.
   absl::Time start = absl::Now();

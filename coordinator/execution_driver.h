@@ -128,7 +128,7 @@ class ExecutionDriver {
     std::function<void()> after;
   };
   // Starts the monitor thread: a tick every `tick`, the first one `tick` after the start, until
-  // stop_monitor. Once per driver. The thread owns `steps`; what they capture must stay valid
+  // stop_monitor. Once per driver (a second call aborts). The thread owns `steps`; what they capture must stay valid
   // until stop_monitor returns (the server calls it in shutdown(), before its members go).
   void start_monitor(absl::Duration tick, MonitorSteps steps);
   // Ends the monitor (the tick under way finishes first) and joins it. Idempotent; the

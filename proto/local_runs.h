@@ -16,6 +16,8 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace tessera {
 namespace pb {
@@ -23,20 +25,61 @@ class PlanStreamRequest;
 class RunPlanResult;
 }  // namespace pb
 
+// A call's hand-overs as one: while a batch is open on a thread, a receiver that would wake a
+// thread for each request it queues there (the worker's run executor, worker/run_executor.h)
+// puts the wake-up off until the outermost batch on the thread ends. The coordinator opens one
+// around a call's n hand-overs (ExecutionDriver::run_plans): one wake-up per call, not one per
+// run. Nothing in a batch may wait for a result handed over in it.
+//
+//   { HandOverBatch batch; for (auto& s : sessions) s->receive(m); }   // the wake-ups run here
+class HandOverBatch {
+ public:
+  HandOverBatch() { ++state().depth; }
+  ~HandOverBatch() {
+    State& s = state();
+    if (--s.depth > 0) return;
+    std::vector<std::function<void()>> wakes;
+    wakes.swap(s.wakes);
+    for (std::function<void()>& wake : wakes) wake();
+  }
+  HandOverBatch(const HandOverBatch&) = delete;
+  HandOverBatch& operator=(const HandOverBatch&) = delete;
+
+  // For a receiver: with a batch open on this thread, keeps `wake` to run when the batch ends
+  // and returns true; else returns false (wake now).
+  static bool defer(std::function<void()> wake) {
+    State& s = state();
+    if (s.depth == 0) return false;
+    s.wakes.push_back(std::move(wake));
+    return true;
+  }
+
+ private:
+  struct State {
+    int depth = 0;
+    std::vector<std::function<void()>> wakes;
+  };
+  static State& state() {
+    thread_local State s;
+    return s;
+  }
+};
+
 // One session: what one RunPlans stream is to the worker.
 class LocalRunSession {
  public:
   virtual ~LocalRunSession() = default;
-  // Handles `message` as the stream's reactor handles one it read, on the caller's thread (a
-  // small run runs there, as on the thread that read it). Returns false, having done nothing,
-  // if the worker has stopped. Never blocks.
+  // Handles `message` as the stream's reactor handles one it read, on the caller's thread:
+  // decodes and queues it (a small run runs on the worker's run executor, never here). Returns
+  // false, having done nothing, if the worker has stopped. Never blocks.
   virtual bool receive(pb::PlanStreamRequest message) = 0;
   // As the end of the stream: runs in progress are told to stop and their results dropped.
   virtual void close() = 0;
 };
 
 // The worker's side. Every result of a session goes to the `on_result` it was opened with, on
-// the thread that ended the run (the caller of receive() for a small one), under no lock of the
+// the thread that ended the run (for a small one the process's run executor, worker/
+// run_executor.h: never the caller of receive(), which only queues), under no lock of the
 // worker; it must not block. When the worker stops, each session still open ends as a broken
 // stream does: its results are dropped from then on and `on_end` runs once, with why, on the
 // stopping thread, under no lock of the worker (the coordinator then fails the runs pending).

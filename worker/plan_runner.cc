@@ -39,12 +39,14 @@ struct Driver {
 };
 thread_local Driver* t_driver = nullptr;
 
-// A run of a plan with collectives in process, taken on the thread at hand rather than a
-// thread of its own, as a small run without collectives is (Client::local: a call's runs then
-// start one after the other on the coordinator's thread, with no wake-up of a plan thread). At
-// a receive whose message has not arrived it parks (Transport::park) and gives the thread
-// back; the thread that files that message continues it after the run at hand (drive), at
-// most kMaxContinued runs per thread, the next on a plan thread. A run parked for
+// A run of a plan with collectives in process, started on the run executor (or the plan thread
+// at hand, for a chained run) rather than a thread of its own, as a small run without
+// collectives is (Client::local: a call's runs then start one after the other on the process's
+// run executor, with no wake-up of a plan thread). At a receive whose message has not arrived
+// it parks (Transport::park) and gives the thread back; the thread that files that message
+// continues it after the run at hand if it drives stepped runs (drive: the executor, or a plan
+// thread), at most kMaxContinued runs per thread, the next (and any filed by another thread) on
+// a plan thread. No gRPC callback thread drives: the reactors only queue on the executor. A run parked for
 // Transport::kParkLimit, or when a peer of this process stops, continues on a plan thread
 // that waits as run_plan does: its deadline, cancellation and lost peers fail it as before.
 // So it never waits on the thread at hand, nor runs more there than a bounded number of
@@ -59,7 +61,7 @@ class SteppedRun final : public Transport::Parked, public std::enable_shared_fro
         req_(std::move(req)),
         loaded_(std::move(loaded)) {}
 
-  // Prepares the run and steps it on this thread (see drive).
+  // Prepares the run and steps it on this thread (the executor, or a plan thread: see drive).
   void start(std::shared_ptr<std::atomic<bool>> cancelled);
   void resume(bool arrived) override;
   // Advances the run: with `may_wait`, to its end, waiting at its receives; else until it
@@ -114,15 +116,16 @@ void drive(std::shared_ptr<SteppedRun> run) {
 // The coordinator's runs on this worker, whatever carries them (a RunPlans stream's reactor,
 // PlanStreamReactor, or the coordinator's hand-off in process, InProcessRunSession): each
 // request is a run (or the cancel of one, or a deletion); each run's result goes back as its
-// own message when the run ends, in any order. Requests never wait for a run: the next one may
-// be handled first, then a small local plan runs on the thread that handled it, and every other
-// plan on a thread of its own. A run whose inputs are outputs of runs sent before it in this
-// session and still going (the coordinator forwards a call naming an earlier call's outputs at
-// once) waits, without a thread, until they ended: it starts on the thread that ended the last
-// of them, after that one's result is sent, or fails at once with the error of one that
-// failed. The session lives while its carrier holds it and runs on threads do; when the
-// coordinator's side ends (end_reading), runs in progress are told to stop and their results
-// dropped.
+// own message when the run ends, in any order. Requests never wait for a run, nor compute on
+// the thread that handled them: a small local plan (runs_inline, or stepped: may_step) is queued
+// on the process's run executor (PlanRunner::compute, in the order of the requests), every other
+// plan runs on a thread of its own. A run whose inputs are outputs of runs sent before it in
+// this session and still going (the coordinator forwards a call naming an earlier call's outputs
+// at once) waits, without a thread, until they ended: it starts on the thread that ended the
+// last of them (the executor or a plan thread: a run that ends OK on any other thread does not
+// exist), after that one's result is sent, or fails at once with the error of one that failed. The session lives while
+// its carrier holds it and runs on threads do; when the coordinator's side ends (end_reading), runs in progress are
+// told to stop and their results dropped.
 class RunSession : public std::enable_shared_from_this<RunSession> {
  public:
   virtual ~RunSession() {
@@ -131,8 +134,8 @@ class RunSession : public std::enable_shared_from_this<RunSession> {
     if (!deferred_.empty()) runner_->count_waiting(-static_cast<int64_t>(deferred_.size()));
   }
 
-  // Handles one request, as read. Calls read_next() once it is done with `request` (before a
-  // small run runs: the next request may be handled meanwhile).
+  // Handles one request, as read: decodes it and queues its run (never computes it here). Calls
+  // read_next() once it is done with `request`.
   void handle(pb::PlanStreamRequest& request, const std::function<void()>& read_next);
   // The coordinator's side ended: runs in progress are told to stop, results are dropped.
   void end_reading();
@@ -166,7 +169,8 @@ class RunSession : public std::enable_shared_from_this<RunSession> {
   std::shared_ptr<std::atomic<bool>> cancel_flag(uint64_t execution) ABSL_LOCKS_EXCLUDED(mu_);
   // Starts `req` on a thread of the plan pool (it is in running_ and its inputs exist).
   void run_on_thread(std::shared_ptr<pb::RunPlanRequest> req, std::shared_ptr<const LoadedPlan> loaded);
-  // Starts `req` stepped, on this thread (SteppedRun; it is in running_, its inputs exist).
+  // Starts `req` stepped, on this thread: the executor, or a plan thread (SteppedRun; it is in
+  // running_, its inputs exist).
   void run_stepped(std::shared_ptr<pb::RunPlanRequest> req, std::shared_ptr<const LoadedPlan> loaded);
 
   // Whether the session ends now: the reading ended and no run is left on a thread of its own
@@ -182,7 +186,8 @@ class RunSession : public std::enable_shared_from_this<RunSession> {
   bool reading_ended_ ABSL_GUARDED_BY(mu_) = false;
   bool ended_ ABSL_GUARDED_BY(mu_) = false;
   // Runs in progress (inline ones too) or waiting for their inputs, by execution, with the flag
-  // that tells them to stop (null for a run inline as it arrived, which nothing cancels).
+  // that tells them to stop (null for a small run queued on the executor as it arrived, which
+  // nothing cancels: it is short and never waits).
   std::map<uint64_t, std::shared_ptr<std::atomic<bool>>> running_ ABSL_GUARDED_BY(mu_);
   // Of those: the run making each output buffer, the runs waiting, and what each waits for.
   std::map<uint64_t, uint64_t> producing_ ABSL_GUARDED_BY(mu_);
@@ -424,7 +429,7 @@ void RunSession::handle(pb::PlanStreamRequest& request, const std::function<void
           "run: ", kMaxDeferredRuns, " runs on this session wait for the runs making their inputs already"));
     } else {
       // Inline runs too: the next read (a consumer of this run) may be handled meanwhile. One
-      // that runs inline now is never cancelled (it runs to its end where it arrived): it
+      // queued on the executor now is never cancelled (it runs to its end, shortly): it
       // takes no flag, and no allocation for one.
       const bool runs_now_inline = inline_run && producers.empty();
       running_[execution] = runs_now_inline ? nullptr : std::make_shared<std::atomic<bool>>(false);
@@ -446,11 +451,20 @@ void RunSession::handle(pb::PlanStreamRequest& request, const std::function<void
     post(execution, refused);
   } else if (deferred) {
     // Started by the end of the last of its producers.
-  } else if (inline_run) {  // short, and nothing to wait for: no cancellation either
-    absl::Status status = runner_->run(*loaded, *req, nullptr);
-    end_run(std::move(req), std::move(status));
-  } else if (runner_->may_step(*loaded, *req)) {
-    run_stepped(std::move(req), std::move(loaded));
+  } else if (inline_run || runner_->may_step(*loaded, *req)) {
+    // Small: computed on the run executor, in the order of this session's requests, never on
+    // this thread (a gRPC callback thread, or the coordinator's handing runs over in process).
+    // An inline run is short and has nothing to wait for: no cancellation either.
+    absl::Status queued =
+        runner_->compute([self = shared_from_this(), req, loaded = std::move(loaded), small = inline_run]() mutable {
+          if (small) {
+            absl::Status status = self->runner_->run(*loaded, *req, nullptr);
+            self->end_run(std::move(req), std::move(status));
+          } else {
+            self->run_stepped(std::move(req), std::move(loaded));
+          }
+        });
+    if (!queued.ok()) end_run(std::move(req), std::move(queued));
   } else {
     run_on_thread(std::move(req), std::move(loaded));
   }
@@ -585,6 +599,8 @@ void RunSession::end_run(std::shared_ptr<pb::RunPlanRequest> req, absl::Status s
         } else if (cancelled) {
           ends.emplace_back(std::move(w.req), absl::CancelledError("run: cancelled"));
         } else if (runner_->may_run_inline(*w.loaded, *w.req)) {
+          // Here: a producer ended OK, so this is the executor or a plan thread (no other
+          // thread computes a run), never a gRPC callback thread; no hand-off, no wake-up.
           absl::Status s = runner_->run(*w.loaded, *w.req, nullptr);
           ends.emplace_back(std::move(w.req), std::move(s));
         } else if (runner_->may_step(*w.loaded, *w.req)) {
@@ -722,11 +738,36 @@ PlanRunner::~PlanRunner() {
                    device_->id(), local_gate_->active, absl::FormatDuration(waited).c_str());
     }
   }
-  // Nothing handles a request in process from here.
+  // Nothing handles a request in process from here. The small runs queued on the executor end
+  // by themselves (they never wait); a stepped one they start is counted before they end.
+  {
+    absl::MutexLock lock(&runs_mu_);
+    auto none_queued = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(runs_mu_) { return queued_ == 0; };
+    runs_mu_.Await(absl::Condition(&none_queued));
+  }
   transport_->unpark_all();
   absl::MutexLock lock(&runs_mu_);
   auto none = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(runs_mu_) { return stepped_alive_ == 0; };
   runs_mu_.Await(absl::Condition(&none));
+}
+
+absl::Status PlanRunner::compute(std::function<void()> task) {
+  {
+    absl::MutexLock lock(&runs_mu_);
+    if (queued_ >= max_queued_runs_) {
+      return absl::ResourceExhaustedError(absl::StrCat("run: ", max_queued_runs_,
+                                                       " small runs of this device are queued for its run thread "
+                                                       "already, the limit of this worker; retry later"));
+    }
+    ++queued_;
+  }
+  executor_->post([this, task = std::move(task)]() mutable {
+    task();
+    task = nullptr;  // what it holds (its session) goes before the runner may
+    absl::MutexLock lock(&runs_mu_);
+    --queued_;
+  });
+  return absl::OkStatus();
 }
 
 void PlanRunner::stepped_run_made() {

@@ -1,17 +1,20 @@
 // PlanRunner: runs loaded plans on stored buffers, for the coordinator's RunPlans streams, or
 // its sessions in process (local_runs: Client::local's coordinator hands an embedded worker
 // its runs by a call, and takes the results by one, with the same code: plan_runner.cc's
-// RunSession; only the carrier differs). Each session handles runs in order; a small local
-// plan runs on the thread that handed it over (the gRPC thread that read it, or the
-// coordinator's in process: runs_inline), one as small with all_reduces in process starts
-// there and steps (parks at a receive that would wait, continued by the thread that files its
-// message: plan_runner.cc's SteppedRun), every other runs on a thread of the plan pool, and a
-// run naming outputs of runs before it on its stream waits for them without a thread. A
-// cancel on the stream (or its end) tells the run to stop. The runner counts runs for
-// GetStats and for a drain (wait_for_idle).
+// RunSession; only the carrier differs). Each session handles runs in order, and the thread
+// that handed a request over (the gRPC thread that read it, or the coordinator's in process)
+// only decodes and queues it: a small local plan (runs_inline) runs on the process's run
+// executor (worker/run_executor.h; compute), in the order of the requests; one as small with
+// all_reduces in process starts there and steps (parks at a receive that would wait, continued
+// by the executor or plan thread that files its message, else on a plan thread: plan_runner.cc's
+// SteppedRun); every other runs on a thread of the plan pool; and a run naming outputs of runs
+// before it on its stream waits for them without a thread. A cancel on the stream (or its end)
+// tells the run to stop. The runner counts runs for GetStats and for a drain (wait_for_idle).
 //
-// Locks: runs_mu_ guards the run counts and the drain's start; held only to count, and to
-// wait in wait_for_idle (the drain's thread). Each session has its own mu_ over the runs it
+// Locks: runs_mu_ guards the run counts, the tasks queued on the executor and the drain's
+// start; held only to count, and to wait in wait_for_idle (the drain's thread) and the
+// destructor. The executor's own mu_ is a leaf (held to push or take its queue, never with
+// runs_mu_: compute counts, lets go, then posts). Each session has its own mu_ over the runs it
 // tracks, and a stream's reactor its write_mu_ over its write queue; neither is held across a
 // run, a pool hand-off, a gRPC call (StartWrite, Finish are called after it is released) or a
 // result handed over in process. LocalGate's mu (a leaf) is held only to count requests being
@@ -44,21 +47,26 @@
 #include "worker/device.h"
 #include "worker/interpreter.h"
 #include "worker/plan_store.h"
+#include "worker/run_executor.h"
 
 namespace tessera {
 
 class PlanRunner {
  public:
+  // Small runs of one runner queued for (or running on) the run executor at once, at most.
+  static constexpr int kMaxQueuedRuns = 4096;
+
   PlanRunner(BufferStore* store, PlanStore* plans, Transport* transport, const WorkerDevice* device,
-             int max_plan_threads)
+             int max_plan_threads, int max_queued_runs = kMaxQueuedRuns)
       : store_(store),
         plans_(plans),
         transport_(transport),
         device_(device),
+        max_queued_runs_(std::max(1, max_queued_runs)),
         plan_threads_("plan runs on threads of their own (--max_plan_threads)", std::max(1, max_plan_threads)) {}
-  // Hands the runs parked in the transport to the plan threads, then waits until every
-  // stepped run is gone (one parking again meanwhile, on a thread that drives it, is handed
-  // back by the transport's watchdog within 2 * Transport::kParkLimit and ends on a plan
+  // Waits for the small runs it queued on the run executor, hands the runs parked in the
+  // transport to the plan threads, then waits until every stepped run is gone (one parking again meanwhile, on a thread
+  // that drives it, is handed back by the transport's watchdog within 2 * Transport::kParkLimit and ends on a plan
   // thread by its deadline), before the plan threads stop: none is continued on a runner
   // that is gone.
   ~PlanRunner();
@@ -84,17 +92,26 @@ class PlanRunner {
   // sessions open (plan_runner.cc).
   struct LocalGate;
 
-  // The loaded plan of `req`, and whether it may run on a gRPC callback thread (see
+  // The loaded plan of `req`, and whether it is small enough to run on the run executor (see
   // runs_inline). NOT_FOUND naming this device if it is not loaded.
   absl::StatusOr<std::pair<std::shared_ptr<const LoadedPlan>, bool>> plan_for(const pb::RunPlanRequest& req);
   // Runs a loaded plan on stored buffers and stores its outputs; errors name this device.
   absl::Status run(const LoadedPlan& loaded, const pb::RunPlanRequest& req, std::function<bool()> cancelled);
-  // Whether `req` may run on the thread at hand now that its inputs exist (see plan_for).
+  // Whether `req` may run on the run executor, or on the plan thread at hand, now that its
+  // inputs exist (see plan_for).
   bool may_run_inline(const LoadedPlan& plan, const pb::RunPlanRequest& req) const { return runs_inline(plan, req); }
-  // Whether `req` (of a plan with collectives) may start on the thread at hand and step: park
-  // at a receive whose message has not arrived, to be continued by the thread that delivers it
-  // (interpreter.h's runs_stepped, with collectives in process).
+  // Whether `req` (of a plan with collectives) may start on the run executor (or the plan
+  // thread at hand) and step: park at a receive whose message has not arrived, to be continued
+  // by the thread that delivers it when that thread drives stepped runs (the executor, a plan
+  // thread), else on a plan thread (interpreter.h's runs_stepped, with collectives in process).
   bool may_step(const LoadedPlan& plan, const pb::RunPlanRequest& req) const;
+  // Queues `task` (a small run, or a stepped run's start) on the process's run executor, after
+  // those queued before it: never on the calling thread, which may be a gRPC callback thread.
+  // RESOURCE_EXHAUSTED naming the limit when this runner has max_queued_runs tasks queued or
+  // running there already.
+  absl::Status compute(std::function<void()> task);
+  // The run executor's thread (for tests: what a small run computes on).
+  std::thread::id run_thread_id() const { return executor_->thread_id(); }
 
   // The parts of run(), for a run that steps (plan_runner.cc's SteppedRun): count_start counts
   // a run in flight and returns its start; prepare checks `req` against the plan, takes its
@@ -166,12 +183,16 @@ class PlanRunner {
   RunCounts runs_ ABSL_GUARDED_BY(runs_mu_);
   absl::Time drain_started_ ABSL_GUARDED_BY(runs_mu_);
   int64_t stepped_alive_ ABSL_GUARDED_BY(runs_mu_) = 0;  // SteppedRun objects not yet destroyed
+  int64_t queued_ ABSL_GUARDED_BY(runs_mu_) = 0;         // tasks on the run executor (compute)
+  const int max_queued_runs_;
   // RunCounts::waiting; counted under each stream's own lock (never with runs_mu_), so apart.
   std::atomic<int64_t> waiting_{0};
   LatencyHistogram run_seconds_{"tessera_worker_plan_run_seconds",
                                 "Plan runs on this device, from the start of the run to its outputs stored."};
   static std::shared_ptr<LocalGate> make_local_gate();
   const std::shared_ptr<LocalGate> local_gate_ = make_local_gate();
+  // The process's run executor (shared by every runner of the process; the last joins it).
+  const std::shared_ptr<RunExecutor> executor_ = RunExecutor::shared();
   // Last: its threads use everything above, and its destructor joins them.
   ThreadPool plan_threads_;
 };

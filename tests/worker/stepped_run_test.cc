@@ -22,12 +22,6 @@ namespace {
 
 using ::testing::HasSubstr;
 
-std::shared_ptr<const HostArray> block(float first) {
-  HostArray a(DType::kF32, {4});
-  for (int i = 0; i < 4; ++i) reinterpret_cast<float*>(a.data())[i] = first + static_cast<float>(i);
-  return std::make_shared<const HostArray>(std::move(a));
-}
-
 // Records how a parked run was resumed: on the test's thread by a message (queued, to be
 // advanced after the run at hand, as the worker's driver does), or handed back.
 struct Resumes {
@@ -96,7 +90,8 @@ TEST(SteppedRun, EightRunsOfAPsumStepOnOneThreadAndMatchTheHostSum) {
   std::vector<std::unique_ptr<SteppedPlanRun>> stepped;
   for (int d = 0; d < n; ++d) runs.push_back(cluster.run(d, absl::Seconds(30)));
   for (int d = 0; d < n; ++d) {
-    stepped.push_back(std::make_unique<SteppedPlanRun>(plan, std::vector<std::shared_ptr<const HostArray>>{block(d)},
+    stepped.push_back(std::make_unique<SteppedPlanRun>(plan,
+                                                       std::vector<std::shared_ptr<const HostArray>>{psum_block(d)},
                                                        *cluster.transports[d], runs[d], plan_op_id(1000, 0)));
   }
   Resumes resumes;
@@ -148,7 +143,7 @@ TEST(SteppedRun, AParkedRunNobodyAnswersIsHandedBackAndFailsAtItsDeadlineNamingT
   Cluster cluster(2, 61120);
   const DevicePlan plan = psum_plan({0, 1});
   const PlanRun run = cluster.run(0, absl::Milliseconds(400));
-  SteppedPlanRun stepped(plan, {block(0)}, *cluster.transports[0], run, plan_op_id(1000, 0));
+  SteppedPlanRun stepped(plan, {psum_block(0)}, *cluster.transports[0], run, plan_op_id(1000, 0));
   Resumes resumes;
   const absl::Time parked_at = absl::Now();
   ASSERT_EQ(stepped.advance(cluster.park(0, &resumes)), SteppedPlanRun::State::kParked);
@@ -188,7 +183,7 @@ TEST(SteppedRun, APeerThatStopsHandsTheParkedRunBackAndFailsItNamingThePeer) {
   cluster.transports[0]->finish_op(7);
   const DevicePlan plan = psum_plan({0, 1});
   const PlanRun run = cluster.run(0, absl::Seconds(60));
-  SteppedPlanRun stepped(plan, {block(0)}, *cluster.transports[0], run, plan_op_id(1000, 0));
+  SteppedPlanRun stepped(plan, {psum_block(0)}, *cluster.transports[0], run, plan_op_id(1000, 0));
   Resumes resumes;
   ASSERT_EQ(stepped.advance(cluster.park(0, &resumes)), SteppedPlanRun::State::kParked);
   const absl::Time stopped_at = absl::Now();
