@@ -43,8 +43,8 @@ class PlanStream {
 
   // Sends `request`. `done` runs exactly once, on a gRPC thread, a worker's thread or the
   // caller's: with the worker's result, with UNAVAILABLE if the stream broke first (or had
-  // already), or with the status given to cancel(). Never blocks (in process, a small run runs
-  // on the caller's thread, as on the thread that would have read it). REQUIRES: no run of the
+  // already), or with the status given to cancel(). Never blocks (in process, a small run is
+  // queued on the worker's run executor; a refusal may come back on the caller's thread). REQUIRES: no run of the
   // same execution is pending, and the caller holds no lock `done` takes. A completion may send
   // the next request, but nothing may wait for a result from inside a completion: in process
   // that result is completed after the completion returns, on the same thread (LocalPlanStream).
@@ -135,9 +135,9 @@ class GrpcPlanStream final : public PlanStream,
 // that ended the run; no message, completion or poller wake-up. Same pending runs, cancels and
 // failures as a stream: a worker that stopped ends it (its pending runs fail with UNAVAILABLE).
 //
-// A result that comes back while its thread is handing a request over (a small run ends inside
-// the hand-off) is completed after the hand-off returns, by the outermost hand-off on the
-// thread: completing it there may hand the next request over (a chained call's runs), which
+// A result that comes back while its thread is handing a request over (a refusal, or a
+// deletion's acknowledgement: small runs end on the run executor) is completed after the hand-off returns, by the
+// outermost hand-off on the thread: completing it there may hand the next request over (a chained call's runs), which
 // would otherwise nest one hand-off in the other, once per call of a chain.
 class LocalPlanStream final : public PlanStream {
  public:

@@ -17,8 +17,10 @@ namespace tessera {
 // replicas): it moves only onto a sharding unreduced over the same axes, each of the same size
 // on the target's mesh, where each device gets the term of the device at its coordinates along
 // them (JAX moves each shard to its counterpart: pjit_test.py
-// test_device_put_unreduced_via_runtime_transfer). OK for that and for any other `from`;
-// INVALID_ARGUMENT naming both shardings otherwise.
+// test_device_put_unreduced_via_runtime_transfer). An array without unreduced axes moves only
+// onto a sharding without them (each device along an unreduced axis would hold the whole
+// value: JAX's device_put onto an unreduced spec is a cast, the value on the first device).
+// OK for those; INVALID_ARGUMENT naming both shardings otherwise.
 absl::Status check_unreduced_move(const NamedSharding& from, const NamedSharding& to);
 
 }  // namespace tessera

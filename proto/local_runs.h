@@ -29,7 +29,8 @@ class RunPlanResult;
 // thread for each request it queues there (the worker's run executor, worker/run_executor.h)
 // puts the wake-up off until the outermost batch on the thread ends. The coordinator opens one
 // around a call's n hand-overs (ExecutionDriver::run_plans): one wake-up per call, not one per
-// run. Nothing in a batch may wait for a result handed over in it.
+// run. While any thread's batch holds the wake-up off, posts from every thread wait for it
+// too; so nothing inside a batch may wait for any task of the executor, from any thread.
 //
 //   { HandOverBatch batch; for (auto& s : sessions) s->receive(m); }   // the wake-ups run here
 class HandOverBatch {
@@ -79,7 +80,8 @@ class LocalRunSession {
 
 // The worker's side. Every result of a session goes to the `on_result` it was opened with, on
 // the thread that ended the run (for a small one the process's run executor, worker/
-// run_executor.h: never the caller of receive(), which only queues), under no lock of the
+// run_executor.h: a small run's result never comes back on the caller of receive(); a refusal
+// or a deletion's acknowledgement does), under no lock of the
 // worker; it must not block. When the worker stops, each session still open ends as a broken
 // stream does: its results are dropped from then on and `on_end` runs once, with why, on the
 // stopping thread, under no lock of the worker (the coordinator then fails the runs pending).

@@ -107,16 +107,17 @@ class SteppedPlanRun {
       std::vector<std::shared_ptr<const HostArray>>{};
 };
 
-// Whether a run of `plan` on inputs of `input_bytes` may start on the thread that received it
+// Whether a run of `plan` on inputs of `input_bytes` may start on the worker's run executor
 // and step (SteppedPlanRun with park) when its transport serves in process: the cost bounds of
 // runs_inline, no loop or switch, and collectives that are all all_reduces (SteppedCollective).
 bool runs_stepped(const DevicePlan& plan, int64_t input_bytes);
 
-// Whether a run of `plan` on inputs of `input_bytes` may run on the gRPC callback thread that
-// received its request: no collective (it would wait for peers, whose data those few threads
-// deliver), at most kInlineInstructions instructions, and at most kInlineBytes of inputs and
-// results, every instruction's result counted (a plan with no inputs that makes a large iota
-// or matmul costs as much as the memory it writes). Anything else runs on a thread of a pool.
+// Whether a run of `plan` on inputs of `input_bytes` is small: it runs on the worker's run
+// executor (worker/run_executor.h) in its session's order, not on a plan thread: no
+// collective (it would wait for peers, whose data those few threads deliver), at most
+// kInlineInstructions instructions, and at most kInlineBytes of inputs and results, every
+// instruction's result counted (a plan with no inputs that makes a large iota or matmul costs
+// as much as the memory it writes). Anything else runs on a thread of a pool.
 inline constexpr int64_t kInlineBytes = 64 << 10;
 inline constexpr size_t kInlineInstructions = 64;
 bool runs_inline(const DevicePlan& plan, int64_t input_bytes);

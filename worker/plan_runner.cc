@@ -428,11 +428,12 @@ void RunSession::handle(pb::PlanStreamRequest& request, const std::function<void
       refused = absl::ResourceExhaustedError(absl::StrCat(
           "run: ", kMaxDeferredRuns, " runs on this session wait for the runs making their inputs already"));
     } else {
-      // Inline runs too: the next read (a consumer of this run) may be handled meanwhile. One
-      // queued on the executor now is never cancelled (it runs to its end, shortly): it
-      // takes no flag, and no allocation for one.
-      const bool runs_now_inline = inline_run && producers.empty();
-      running_[execution] = runs_now_inline ? nullptr : std::make_shared<std::atomic<bool>>(false);
+      // Inline runs too: the next read (a consumer of this run) may be handled meanwhile. Every
+      // run takes a cancel flag, a small one queued on the executor too: it may wait there
+      // behind other sessions' runs, and a cancel followed by the deletion of its outputs (the
+      // coordinator's fail_execution) must find it not started, so that it never stores
+      // outputs nobody will delete.
+      running_[execution] = std::make_shared<std::atomic<bool>>(false);
       for (uint64_t id : req->output_buffers()) producing_[id] = execution;
       if (!producers.empty()) {
         deferred = true;
@@ -454,16 +455,19 @@ void RunSession::handle(pb::PlanStreamRequest& request, const std::function<void
   } else if (inline_run || runner_->may_step(*loaded, *req)) {
     // Small: computed on the run executor, in the order of this session's requests, never on
     // this thread (a gRPC callback thread, or the coordinator's handing runs over in process).
-    // An inline run is short and has nothing to wait for: no cancellation either.
-    absl::Status queued =
-        runner_->compute([self = shared_from_this(), req, loaded = std::move(loaded), small = inline_run]() mutable {
-          if (small) {
-            absl::Status status = self->runner_->run(*loaded, *req, nullptr);
-            self->end_run(std::move(req), std::move(status));
-          } else {
-            self->run_stepped(std::move(req), std::move(loaded));
-          }
-        });
+    // A cancel that comes while it is queued stops it before it starts (or, once started,
+    // before its next instruction: the interpreter's check), with nothing stored.
+    absl::Status queued = runner_->compute([self = shared_from_this(), req, loaded = std::move(loaded),
+                                            small = inline_run, cancelled = cancel_flag(execution)]() mutable {
+      if (small) {
+        absl::Status status = cancelled->load()
+                                  ? absl::CancelledError("run: cancelled before it started")
+                                  : self->runner_->run(*loaded, *req, [cancelled] { return cancelled->load(); });
+        self->end_run(std::move(req), std::move(status));
+      } else {
+        self->run_stepped(std::move(req), std::move(loaded));
+      }
+    });
     if (!queued.ok()) end_run(std::move(req), std::move(queued));
   } else {
     run_on_thread(std::move(req), std::move(loaded));

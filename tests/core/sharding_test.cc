@@ -20,6 +20,7 @@
 #include "core/mesh.h"
 #include "core/partition_spec.h"
 #include "core/shape.h"
+#include "core/unreduced_move.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -572,6 +573,57 @@ TEST(Sharding, UnreducedAxesMustBeExplicitAxesOfTheMesh) {
       NamedSharding(explicit_mesh, P().with_unreduced({"Y"})).is_equivalent_to(NamedSharding(explicit_mesh, P()), 2));
   EXPECT_TRUE(NamedSharding(explicit_mesh, P().with_unreduced({"Y"}))
                   .is_equivalent_to(NamedSharding(explicit_mesh, P(None, None).with_unreduced({"Y"})), 2));
+}
+
+}  // namespace
+}  // namespace tessera
+
+namespace tessera {
+namespace {
+
+// check_unreduced_move (core/unreduced_move.h), the coordinator's check of a ReshardArray
+// (device_put of an Array): an array unreduced over axes moves only onto the same unreduced
+// axes of the same sizes, each device taking its counterpart's term (JAX's pjit_test.py
+// test_device_put_unreduced_via_runtime_transfer moves shard i to device i); an array that is
+// not unreduced moves only onto a sharding without unreduced axes (a copy would put the whole
+// value on every device along them, so their sum would count it once per device).
+TEST(UnreducedMove, TermsMoveOnlyOntoTheSameUnreducedAxesOfTheSameSizes) {
+  const Mesh low = make_mesh({2, 2}, {"x", "y"}, {0, 1, 2, 3}).value();
+  const Mesh high = make_mesh({2, 2}, {"x", "y"}, {4, 5, 6, 7}).value();
+  const Mesh x4 = make_mesh({4}, {"x"}, {4, 5, 6, 7}).value();
+  const Mesh z2 = make_mesh({2}, {"z"}, {4, 5}).value();
+  const NamedSharding ux(low, P(None).with_unreduced({"x"}));
+  // The same axes and sizes, on other devices, with another split of the other axis: OK.
+  EXPECT_TRUE(check_unreduced_move(ux, NamedSharding(high, P(None).with_unreduced({"x"}))).ok());
+  EXPECT_TRUE(check_unreduced_move(ux, NamedSharding(high, P("y").with_unreduced({"x"}))).ok());
+  // Nothing unreduced on either side: any move.
+  EXPECT_TRUE(check_unreduced_move(NamedSharding(low, P("x")), NamedSharding(x4, P("x"))).ok());
+  struct Refused {
+    NamedSharding from, to;
+    std::string message;
+  };
+  const std::vector<Refused> refused = {
+      // 'x' of size 4 on the target: terms would have no counterpart, or two.
+      {ux, NamedSharding(x4, P(None).with_unreduced({"x"})),
+       "moves only onto the same unreduced axes of the same sizes"},
+      // The target has no 'x' at all.
+      {ux, NamedSharding(z2, P(None).with_unreduced({"z"})),
+       "moves only onto the same unreduced axes of the same sizes"},
+      // The target is not unreduced: the terms would be taken as replicas.
+      {ux, NamedSharding(high, P(None)), "an array unreduced over {'x'}"},
+      // Other unreduced axes.
+      {ux, NamedSharding(high, P(None).with_unreduced({"x", "y"})), "its devices along them hold terms of a sum"},
+      // Not unreduced onto unreduced: every device along 'x' would hold the whole value.
+      {NamedSharding(low, P(None)), NamedSharding(high, P(None).with_unreduced({"x"})),
+       "an array that is not unreduced (P(None,) on "},
+  };
+  for (const Refused& r : refused) {
+    SCOPED_TRACE(r.from.spec().to_string() + " -> " + r.to.spec().to_string());
+    const absl::Status s = check_unreduced_move(r.from, r.to);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_THAT(s.message(), HasSubstr(r.message));
+    EXPECT_THAT(s.message(), HasSubstr(r.to.spec().to_string()));
+  }
 }
 
 }  // namespace

@@ -173,6 +173,49 @@ TEST(PlanRunnerThreads, TheRunExecutorsQueueIsBoundedPerRunnerAndRefusesNamingTh
   session->close();
 }
 
+// A small run queued behind a busy executor is cancelled and its output deleted (what the
+// coordinator's fail_execution sends when it gives up on a call): it never starts, so it never
+// stores the output that deletion found absent (a buffer nobody would delete again). Review of
+// s43-exec: without a cancel flag for queued small runs the run stored 202 after its deletion.
+TEST(PlanRunnerThreads, ASmallRunCancelledWhileQueuedNeverStoresItsDeletedOutput) {
+  Device d(0);
+  d.plans.add(7, std::make_shared<LoadedPlan>(square_plan(), std::map<int, std::string>{}));
+  d.put(100, psum_block(1));
+  Results results;
+  absl::Notification blocked, release;
+  auto record = results.callback();
+  std::shared_ptr<LocalRunSession> session = d.runner.local_runs()->open(
+      [&](const pb::RunPlanResult& r) {
+        record(r);
+        if (r.id() == 1) {  // holds the executor inside run 1's task
+          blocked.Notify();
+          release.WaitForNotificationWithTimeout(absl::Seconds(30));
+        }
+      },
+      [](const std::string&) {});
+  ASSERT_NE(session, nullptr);
+  ASSERT_TRUE(session->receive(run_request(7, 1, 100, 201)));
+  ASSERT_TRUE(blocked.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  ASSERT_TRUE(session->receive(run_request(7, 2, 100, 202)));  // queued behind run 1
+  pb::PlanStreamRequest cancel;
+  cancel.set_cancel_execution(2);
+  ASSERT_TRUE(session->receive(cancel));
+  pb::PlanStreamRequest deletion;
+  deletion.mutable_delete_buffers()->set_request_id(99);
+  deletion.mutable_delete_buffers()->add_buffer_ids(202);
+  ASSERT_TRUE(session->receive(deletion));
+  release.Notify();
+  ASSERT_TRUE(results.wait_for(3));  // runs 1 and 2, the deletion's acknowledgement
+  {
+    absl::MutexLock lock(&results.mu);
+    EXPECT_EQ(results.by_id[1].code(), 0) << results.by_id[1].message();
+    EXPECT_EQ(results.by_id[2].code(), static_cast<int>(absl::StatusCode::kCancelled)) << results.by_id[2].message();
+  }
+  EXPECT_TRUE(d.store.get(201).ok());
+  EXPECT_FALSE(d.store.get(202).ok()) << "run 2 stored the output deleted while it was queued";
+  session->close();
+}
+
 // Eight embedded workers, each handed its run of out = psum(x * x) + x from this thread, as the
 // coordinator hands a call's runs over in process: every run starts stepped (none on a plan
 // thread), none computes on this thread, and every device gets the host's sum.
