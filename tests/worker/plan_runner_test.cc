@@ -123,6 +123,23 @@ TEST(PlanRunnerThreads, ASmallRunComputesOnTheRunExecutorNotOnTheThreadThatHande
   session->close();
 }
 
+// A session of a device whose result of run 1 holds the run executor (inside run 1's task,
+// which counts as queued) until `release` is notified; `blocked` tells that it holds it.
+struct HeldExecutor {
+  absl::Notification blocked, release;
+  std::shared_ptr<LocalRunSession> open(Device& d, Results& results) {
+    return d.runner.local_runs()->open(
+        [this, record = results.callback()](const pb::RunPlanResult& r) {
+          record(r);
+          if (r.id() == 1) {
+            blocked.Notify();
+            release.WaitForNotificationWithTimeout(absl::Seconds(30));
+          }
+        },
+        [](const std::string&) {});
+  }
+};
+
 // A runner queues at most max_queued_runs small runs on the executor (running ones included):
 // the next is refused at once with RESOURCE_EXHAUSTED naming the limit, the runs queued still
 // run, and the session goes on.
@@ -131,20 +148,11 @@ TEST(PlanRunnerThreads, TheRunExecutorsQueueIsBoundedPerRunnerAndRefusesNamingTh
   d.plans.add(7, std::make_shared<LoadedPlan>(square_plan(), std::map<int, std::string>{}));
   d.put(100, psum_block(1));
   Results results;
-  absl::Notification blocked, release;
-  auto record = results.callback();
-  std::shared_ptr<LocalRunSession> session = d.runner.local_runs()->open(
-      [&](const pb::RunPlanResult& r) {
-        record(r);
-        if (r.id() == 1) {  // holds the executor inside run 1's task: it counts as queued
-          blocked.Notify();
-          release.WaitForNotificationWithTimeout(absl::Seconds(30));
-        }
-      },
-      [](const std::string&) {});
+  HeldExecutor held;
+  std::shared_ptr<LocalRunSession> session = held.open(d, results);
   ASSERT_NE(session, nullptr);
   ASSERT_TRUE(session->receive(run_request(7, 1, 100, 201)));
-  ASSERT_TRUE(blocked.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  ASSERT_TRUE(held.blocked.WaitForNotificationWithTimeout(absl::Seconds(30)));
   ASSERT_TRUE(session->receive(run_request(7, 2, 100, 202)));  // queued: 2 of 2
   ASSERT_TRUE(session->receive(run_request(7, 3, 100, 203)));  // refused
   {
@@ -154,7 +162,7 @@ TEST(PlanRunnerThreads, TheRunExecutorsQueueIsBoundedPerRunnerAndRefusesNamingTh
     EXPECT_THAT(results.by_id[3].message(), HasSubstr("2 small runs of this device are queued for its run thread"));
     EXPECT_EQ(results.by_id.count(2), 0u);
   }
-  release.Notify();
+  held.release.Notify();
   ASSERT_TRUE(results.wait_for(3));
   {
     absl::MutexLock lock(&results.mu);
@@ -182,20 +190,11 @@ TEST(PlanRunnerThreads, ASmallRunCancelledWhileQueuedNeverStoresItsDeletedOutput
   d.plans.add(7, std::make_shared<LoadedPlan>(square_plan(), std::map<int, std::string>{}));
   d.put(100, psum_block(1));
   Results results;
-  absl::Notification blocked, release;
-  auto record = results.callback();
-  std::shared_ptr<LocalRunSession> session = d.runner.local_runs()->open(
-      [&](const pb::RunPlanResult& r) {
-        record(r);
-        if (r.id() == 1) {  // holds the executor inside run 1's task
-          blocked.Notify();
-          release.WaitForNotificationWithTimeout(absl::Seconds(30));
-        }
-      },
-      [](const std::string&) {});
+  HeldExecutor held;
+  std::shared_ptr<LocalRunSession> session = held.open(d, results);
   ASSERT_NE(session, nullptr);
   ASSERT_TRUE(session->receive(run_request(7, 1, 100, 201)));
-  ASSERT_TRUE(blocked.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  ASSERT_TRUE(held.blocked.WaitForNotificationWithTimeout(absl::Seconds(30)));
   ASSERT_TRUE(session->receive(run_request(7, 2, 100, 202)));  // queued behind run 1
   pb::PlanStreamRequest cancel;
   cancel.set_cancel_execution(2);
@@ -204,7 +203,7 @@ TEST(PlanRunnerThreads, ASmallRunCancelledWhileQueuedNeverStoresItsDeletedOutput
   deletion.mutable_delete_buffers()->set_request_id(99);
   deletion.mutable_delete_buffers()->add_buffer_ids(202);
   ASSERT_TRUE(session->receive(deletion));
-  release.Notify();
+  held.release.Notify();
   ASSERT_TRUE(results.wait_for(3));  // runs 1 and 2, the deletion's acknowledgement
   {
     absl::MutexLock lock(&results.mu);
