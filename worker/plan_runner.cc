@@ -805,17 +805,21 @@ absl::Status PlanRunner::count_end(absl::Time start, absl::Status status) {
   return status;
 }
 
+// Runs started and not finished, plus tasks queued on the run executor (a small run waiting
+// there has not started; one running counts twice: an upper bound, 0 only when idle).
+int64_t PlanRunner::busy_locked() const { return runs_.in_flight + queued_; }
+
 int64_t PlanRunner::wait_for_idle(absl::Duration quiet, absl::Time deadline) {
   absl::MutexLock lock(&runs_mu_);
-  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(runs_mu_) { return runs_.in_flight == 0; };
+  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(runs_mu_) { return busy_locked() == 0; };
   for (;;) {
-    if (!runs_mu_.AwaitWithDeadline(absl::Condition(&idle), deadline)) return runs_.in_flight;
+    if (!runs_mu_.AwaitWithDeadline(absl::Condition(&idle), deadline)) return busy_locked();
     const absl::Time quiet_until = std::max(runs_.last_end, drain_started_) + quiet;
     if (absl::Now() >= quiet_until) return 0;
     // Something may start meanwhile: wake at the end of the quiet period, or at a start.
-    auto busy_or_quiet = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(runs_mu_) { return runs_.in_flight > 0; };
+    auto busy_or_quiet = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(runs_mu_) { return busy_locked() > 0; };
     runs_mu_.AwaitWithDeadline(absl::Condition(&busy_or_quiet), std::min(quiet_until, deadline));
-    if (absl::Now() >= deadline) return runs_.in_flight;
+    if (absl::Now() >= deadline) return busy_locked();
   }
 }
 
@@ -831,7 +835,7 @@ int64_t PlanRunner::runs_in_flight() {
 
 absl::Duration PlanRunner::idle_for(absl::Time since) {
   absl::MutexLock lock(&runs_mu_);
-  if (runs_.in_flight > 0) return absl::ZeroDuration();
+  if (busy_locked() > 0) return absl::ZeroDuration();
   return absl::Now() - std::max(since, runs_.last_end);
 }
 

@@ -136,13 +136,13 @@ class PlanRunner {
   // stream a StreamDelete and the free_buffers of a run.
   int delete_buffers(const google::protobuf::RepeatedField<uint64_t>& ids);
 
-  // Waits until no run has been in flight for `quiet` (runs the coordinator sent just before
-  // the wait still arrive and finish), at most until `deadline`; returns the runs still in
-  // flight then (0: drained).
+  // Waits until no run has been in flight or queued on the run executor for `quiet` (runs the
+  // coordinator sent just before the wait still arrive and finish), at most until `deadline`;
+  // returns the runs still in flight or queued then (0: drained).
   int64_t wait_for_idle(absl::Duration quiet, absl::Time deadline);
   void start_drain();
   int64_t runs_in_flight();
-  // How long no run has been in flight: zero while one is, from the start of the process
+  // How long no run has been in flight or queued: zero while one is, from the start of the process
   // (`since`) before the first.
   absl::Duration idle_for(absl::Time since);
 
@@ -184,6 +184,7 @@ class PlanRunner {
   absl::Time drain_started_ ABSL_GUARDED_BY(runs_mu_);
   int64_t stepped_alive_ ABSL_GUARDED_BY(runs_mu_) = 0;  // SteppedRun objects not yet destroyed
   int64_t queued_ ABSL_GUARDED_BY(runs_mu_) = 0;         // tasks on the run executor (compute)
+  int64_t busy_locked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(runs_mu_);
   const int max_queued_runs_;
   // RunCounts::waiting; counted under each stream's own lock (never with runs_mu_), so apart.
   std::atomic<int64_t> waiting_{0};

@@ -215,6 +215,30 @@ TEST(PlanRunnerThreads, ASmallRunCancelledWhileQueuedNeverStoresItsDeletedOutput
   session->close();
 }
 
+// A drain (wait_for_idle) counts a small run queued on the run executor as not idle: run 1
+// has ended (its result is being handed back, holding the executor) while run 2 waits behind
+// it, not started; the drain must not report 0 then, and does once run 2 has ended. Review of
+// s43-exec: only started runs were counted, so a drain could end with a run still queued.
+TEST(PlanRunnerThreads, ADrainWaitsForSmallRunsQueuedOnTheRunExecutor) {
+  Device d(0);
+  d.plans.add(7, std::make_shared<LoadedPlan>(square_plan(), std::map<int, std::string>{}));
+  d.put(100, psum_block(1));
+  Results results;
+  HeldExecutor held;
+  std::shared_ptr<LocalRunSession> session = held.open(d, results);
+  ASSERT_NE(session, nullptr);
+  ASSERT_TRUE(session->receive(run_request(7, 1, 100, 201)));
+  ASSERT_TRUE(held.blocked.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  ASSERT_TRUE(session->receive(run_request(7, 2, 100, 202)));  // queued behind run 1
+  EXPECT_GT(d.runner.wait_for_idle(absl::ZeroDuration(), absl::Now() + absl::Milliseconds(100)), 0);
+  EXPECT_EQ(d.runner.idle_for(absl::InfinitePast()), absl::ZeroDuration());
+  held.release.Notify();
+  ASSERT_TRUE(results.wait_for(2));
+  EXPECT_EQ(d.runner.wait_for_idle(absl::ZeroDuration(), absl::Now() + absl::Seconds(30)), 0);
+  EXPECT_TRUE(d.store.get(202).ok());
+  session->close();
+}
+
 // Eight embedded workers, each handed its run of out = psum(x * x) + x from this thread, as the
 // coordinator hands a call's runs over in process: every run starts stepped (none on a plan
 // thread), none computes on this thread, and every device gets the host's sum.
